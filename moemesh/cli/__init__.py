@@ -1,0 +1,1 @@
+"""The `moemesh` command line: one entry point, one module per subcommand."""

@@ -1,0 +1,1 @@
+"""The MoE block pieces: gate, dispatch plan, expert compute interface, combine."""
