@@ -1,0 +1,18 @@
+"""A progress bar for loading many tensors that only appears when loading takes over a second."""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from tqdm import tqdm
+
+
+@contextmanager
+def load_progress(total: int, desc: str, delay_s: float = 1.0) -> Iterator[tqdm]:
+    """Yields a tqdm counter on stderr; nothing is drawn unless the load outlives `delay_s`."""
+    bar = tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, delay=delay_s, leave=False)
+    try:
+        yield bar
+    finally:
+        bar.close()

@@ -1,0 +1,80 @@
+"""The dispatch plan: which token rows go to which expert, in expert order, with capacity.
+
+Shape legend: T tokens, E experts, K top-k, N kept token-expert pairs, G experts with rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from moemesh.moe.gate import Routing
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    """Kept token-expert pairs sorted by expert.
+
+    token_idx   [N] int64  source token of each row
+    weights     [N] float32 combine weight of each row
+    expert_ids  [G] int64  experts that receive rows (ascending)
+    counts      [G] int64  rows per expert (sum == N)
+    capacity    rows per expert the plan is padded to (None when dropless); an expert never gets more
+    dropped     pairs that did not fit (contribute nothing to the output)
+    """
+
+    token_idx: Tensor
+    weights: Tensor
+    expert_ids: Tensor
+    counts: Tensor
+    capacity: int | None
+    dropped: int
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.token_idx.shape[0])
+
+
+def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float, max_count: int) -> int | None:
+    """Rows allowed per expert: cf > 0 -> ceil(k*cf*T/E); cf == 0 -> unlimited (None);
+    cf < 0 -> min(busiest expert's load, ceil(k*|cf|*T/E))."""
+    if capacity_factor == 0:
+        return None
+    bound = math.ceil(top_k * abs(capacity_factor) * num_tokens / num_experts)
+    return bound if capacity_factor > 0 else min(max_count, bound)
+
+
+def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) -> DispatchPlan:
+    """Sort the T*K choices by expert. Priority within an expert when capacity binds: all first choices
+    (in token order) before any second choice, and so on (as Tutel does)."""
+    ids = routing.expert_ids  # [T, K]
+    num_tokens, top_k = ids.shape
+    # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order.
+    flat_ids = ids.t().reshape(-1)  # [K*T]
+    flat_w = routing.weights.t().reshape(-1)  # [K*T]
+    flat_tok = torch.arange(num_tokens, device=ids.device).repeat(top_k)  # [K*T]
+    order = torch.sort(flat_ids, stable=True).indices  # [K*T]
+    sorted_ids = flat_ids[order]
+    all_counts = torch.bincount(sorted_ids, minlength=num_experts)  # [E]
+    max_count = int(all_counts.max()) if sorted_ids.numel() else 0
+    capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count)
+    dropped = 0
+    if capacity is not None and max_count > capacity:
+        starts = torch.cumsum(all_counts, 0) - all_counts  # [E]
+        rank = torch.arange(sorted_ids.numel(), device=ids.device) - starts[sorted_ids]  # [K*T] rank within expert
+        keep = rank < capacity
+        dropped = int((~keep).sum())
+        order = order[keep]
+        sorted_ids = sorted_ids[keep]
+        all_counts = all_counts.clamp(max=capacity)
+    present = all_counts > 0
+    return DispatchPlan(
+        token_idx=flat_tok[order],
+        weights=flat_w[order],
+        expert_ids=torch.nonzero(present).flatten(),
+        counts=all_counts[present],
+        capacity=capacity,
+        dropped=dropped,
+    )

@@ -1,0 +1,31 @@
+"""Softmax top-k gate.
+
+Shape legend: T tokens, E experts, H hidden, K top-k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Routing:
+    """expert_ids [T, K] int64; weights [T, K] float32 (the combine weights of each choice)."""
+
+    expert_ids: Tensor
+    weights: Tensor
+
+
+def softmax_topk(router_logits: Tensor, top_k: int, normalize: bool) -> Routing:
+    """router_logits [T, E] -> Routing. Softmax in float32 over all E, keep the top k,
+    renormalize the kept weights to sum to 1 when `normalize`."""
+    num_experts = router_logits.shape[-1]
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+    probs = torch.softmax(router_logits.float(), dim=-1)  # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return Routing(expert_ids=ids, weights=weights)

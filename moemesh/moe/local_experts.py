@@ -1,0 +1,69 @@
+"""`LocalExperts`: the in-process `ExpertCompute`, holding every MoE layer's experts.
+
+Shape legend: N rows grouped by expert, G experts with rows, E experts held, H hidden, I intermediate.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from kernels import ExpertWeights, grouped_expert_mlp
+from kernels.experts import apply_activation
+from moemesh.checkpoint import CheckpointReader
+from moemesh.config import ModelConfig
+from moemesh.checkpoint.progress import load_progress
+from moemesh.moe.expert_compute import completed
+from moemesh.moe.expert_loader import load_expert_weights
+
+
+class LocalExperts:
+    """Runs `kernels.grouped_expert_mlp` on weights held in this process (layer -> all E experts)."""
+
+    def __init__(self, weights: Mapping[int, ExpertWeights]) -> None:
+        self.weights = dict(weights)
+
+    @classmethod
+    def from_checkpoint(
+        cls, reader: CheckpointReader, cfg: ModelConfig, dtype: torch.dtype, experts_dtype: str | None = None
+    ) -> "LocalExperts":
+        layers = cfg.moe_layers
+        all_experts = list(range(cfg.num_experts))
+        weights = {}
+        with load_progress(len(layers), "loading experts") as bar:
+            for layer in layers:
+                weights[layer] = load_expert_weights(reader, cfg, layer, all_experts, dtype, experts_dtype)
+                bar.update(1)
+        return cls(weights)
+
+    def submit(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor) -> Future:
+        w = self.weights.get(layer)
+        if w is None:
+            raise ValueError(f"layer {layer} has no experts loaded here")
+        if x.shape[0] == 0:
+            return completed(torch.empty_like(x))
+        if is_dense(w, x.dtype) and uniform_counts(counts):
+            return completed(batched_mlp(x, expert_ids, int(counts[0]), w))
+        return completed(grouped_expert_mlp(x, expert_ids, counts, w))
+
+
+def is_dense(w: ExpertWeights, dtype: torch.dtype) -> bool:
+    return w.gate_up.dtype == dtype and w.down.dtype == dtype and w.gate_up_bias is None and w.down_bias is None
+
+
+def uniform_counts(counts: Tensor) -> bool:
+    return counts.numel() > 1 and bool((counts == counts[0]).all())
+
+
+def batched_mlp(x: Tensor, expert_ids: Tensor, rows: int, w: ExpertWeights) -> Tensor:
+    """Every expert in expert_ids gets exactly `rows` rows (e.g. top-k == E): one bmm per projection.
+    x [N, H] with N = G*rows -> [N, H]."""
+    g = expert_ids.numel()
+    all_experts = g == w.num_experts and bool((expert_ids == torch.arange(g)).all())
+    gate_up = w.gate_up if all_experts else w.gate_up.index_select(0, expert_ids)  # [G, 2I, H]
+    down = w.down if all_experts else w.down.index_select(0, expert_ids)  # [G, H, I]
+    h = torch.bmm(x.view(g, rows, -1), gate_up.transpose(1, 2))  # [G, rows, 2I]
+    h = apply_activation(h, w.activation)  # [G, rows, I]
+    return torch.bmm(h, down.transpose(1, 2)).reshape(x.shape)  # [N, H]
