@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by every service: generated stubs, server and channel builders."""
