@@ -1,0 +1,54 @@
+"""Input checks shared by the weight formats: every failure is a ValueError naming the argument.
+
+Shape legend: E experts, N output rows, K reduction dim.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_dense_weight(w: Tensor, name: str = "w") -> Tensor:
+    """Accept [E, N, K] (or [N, K], treated as E=1) finite float weights; return [E, N, K] float32."""
+    if not isinstance(w, Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(w).__name__}")
+    if w.dtype not in FLOAT_INPUTS:
+        raise ValueError(f"{name}: expected one of {FLOAT_INPUTS}, got {w.dtype}")
+    if w.dim() == 2:
+        w = w.unsqueeze(0)
+    if w.dim() != 3 or w.numel() == 0:
+        raise ValueError(f"{name}: expected a non-empty [E, N, K] or [N, K] tensor, got shape {tuple(w.shape)}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"{name}: contains NaN or inf; quantized formats only hold finite weights")
+    return w.float()
+
+
+def check_segments(rows: int, segments: int, name: str = "segments") -> int:
+    """Rows are split into `segments` equal parts (gate | up); return the rows per segment."""
+    if not isinstance(segments, int) or segments < 1 or rows % segments:
+        raise ValueError(f"{name}: must be a positive divisor of the row count {rows}, got {segments!r}")
+    return rows // segments
+
+
+def check_dtype(t: Tensor, dtype: torch.dtype, name: str) -> None:
+    if not isinstance(t, Tensor) or t.dtype != dtype:
+        got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(f"{name}: expected {dtype}, got {got}")
+
+
+def check_shape(t: Tensor, shape: tuple[int, ...], name: str) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def pad_last(x: Tensor, multiple: int) -> Tensor:
+    """Zero-pad the last dim of x up to a multiple of `multiple`."""
+    pad = (-x.shape[-1]) % multiple
+    return torch.nn.functional.pad(x, (0, pad)) if pad else x
+
+
+def expert_rows(t: Tensor, experts: Tensor | None) -> Tensor:
+    """t [E, ...] -> t[experts] (all experts when `experts` is None)."""
+    return t if experts is None else t.index_select(0, experts.to(device=t.device, dtype=torch.long))

@@ -1,0 +1,149 @@
+"""BlockwiseFP8 (DeepSeek-V3): float8_e4m3fn weights with one float32 multiplier per 128x128 block.
+
+On disk per linear: `weight float8_e4m3fn [N, K]`, `weight_scale_inv float32 [ceil(N/128), ceil(K/128)]`
+(a multiplier despite its name: W = weight * weight_scale_inv), partial blocks at the edges.
+Quantize rule: scale = amax(|block|) / 448, weight = e4m3(clamp(w / scale, +-448)); an all-zero
+block gets scale 1.0. With scale_fmt "ue8m0" the scale is rounded up to a power of two.
+
+The experts of a layer are stacked: [E, N, K]. A fused gate|up matrix keeps the block grid of each
+projection: its N rows are `segments` equal parts, each with its own ceil((N/S)/128) scale rows.
+
+Shape legend: E experts, N output rows, K reduction dim, S row segments,
+  NB scale rows (S * ceil((N/S)/BN)), KB scale columns (ceil(K/BK)), BN x BK the block.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows
+
+FP8_MAX = 448.0
+DEFAULT_BLOCK = (128, 128)
+SCALE_FORMATS = (None, "ue8m0")
+
+
+@dataclass(frozen=True)
+class FP8BlockExperts:
+    """weight [E, N, K] float8_e4m3fn; scale [E, NB, KB] float32 multiplier; block (BN, BK)."""
+
+    weight: Tensor
+    scale: Tensor
+    block: tuple[int, int] = DEFAULT_BLOCK
+    segments: int = 1
+
+    def __post_init__(self) -> None:
+        check_dtype(self.weight, torch.float8_e4m3fn, "weight")
+        check_dtype(self.scale, torch.float32, "scale")
+        if self.weight.dim() != 3:
+            raise ValueError(f"weight: expected [E, N, K], got shape {tuple(self.weight.shape)}")
+        e, n, k = self.weight.shape
+        seg_rows = check_segments(n, self.segments)
+        bn, bk = self.block
+        check_shape(self.scale, (e, self.segments * math.ceil(seg_rows / bn), math.ceil(k / bk)), "scale")
+
+    fmt = "fp8"
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + self.scale.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    def row_to_scale_row(self) -> Tensor:
+        """[N] int64: the scale row of each weight row."""
+        n = self.weight.shape[1]
+        seg_rows = n // self.segments
+        per_seg = math.ceil(seg_rows / self.block[0])
+        rows = torch.arange(n, device=self.weight.device)
+        return (rows // seg_rows) * per_seg + (rows % seg_rows) // self.block[0]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
+        """-> [E', N, K] in dtype (E' = len(experts), or E)."""
+        w = expert_rows(self.weight, experts).float()  # [E', N, K]
+        s = expert_rows(self.scale, experts)[:, self.row_to_scale_row()]  # [E', N, KB]
+        s = s.repeat_interleave(self.block[1], dim=-1)[..., : w.shape[-1]]  # [E', N, K]
+        return (w * s).to(dtype)
+
+    def select(self, experts: Tensor) -> "FP8BlockExperts":
+        return FP8BlockExperts(expert_rows(self.weight, experts), expert_rows(self.scale, experts), self.block, self.segments)
+
+    def to(self, device) -> "FP8BlockExperts":
+        return FP8BlockExperts(self.weight.to(device), self.scale.to(device), self.block, self.segments)
+
+
+def _quantize_segment(w: Tensor, block: tuple[int, int], scale_fmt: str | None) -> tuple[Tensor, Tensor]:
+    """w [E, n, K] float32 -> (weight [E, n, K] e4m3, scale [E, ceil(n/BN), ceil(K/BK)])."""
+    e, n, k = w.shape
+    bn, bk = block
+    nb, kb = math.ceil(n / bn), math.ceil(k / bk)
+    padded = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))  # [E, NB*BN, KB*BK]
+    blocks = padded.reshape(e, nb, bn, kb, bk)
+    amax = blocks.abs().amax(dim=(2, 4))  # [E, NB, KB]
+    scale = amax / FP8_MAX
+    if scale_fmt == "ue8m0":
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    scale = torch.where(amax > 0, scale, torch.ones_like(scale))
+    q = (blocks / scale[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    q = q.reshape(e, nb * bn, kb * bk)[:, :n, :k].contiguous()
+    return q, scale
+
+
+def quantize_fp8_block(
+    w: Tensor, block: tuple[int, int] = DEFAULT_BLOCK, segments: int = 1, scale_fmt: str | None = None
+) -> FP8BlockExperts:
+    """w [E, N, K] or [N, K] float (finite) -> FP8BlockExperts; each of the S row segments is blocked apart."""
+    w = check_dense_weight(w)
+    if len(block) != 2 or min(block) < 1:
+        raise ValueError(f"block: expected two positive ints, got {block!r}")
+    if scale_fmt not in SCALE_FORMATS:
+        raise ValueError(f"scale_fmt: must be one of {SCALE_FORMATS}, got {scale_fmt!r}")
+    seg_rows = check_segments(w.shape[1], segments)
+    parts = [_quantize_segment(w[:, i * seg_rows : (i + 1) * seg_rows], tuple(block), scale_fmt) for i in range(segments)]
+    return FP8BlockExperts(
+        torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1), tuple(block), segments
+    )
+
+
+def fp8_block_from_checkpoint(weight: Tensor, weight_scale_inv: Tensor, block: tuple[int, int] = DEFAULT_BLOCK) -> FP8BlockExperts:
+    """One projection of every expert as stored on disk, stacked by the caller.
+
+    weight [E, N, K] (or [N, K]) float8_e4m3fn; weight_scale_inv [E, ceil(N/BN), ceil(K/BK)] float32
+    (bf16 scales are widened). Values are kept as stored.
+    """
+    check_dtype(weight, torch.float8_e4m3fn, "weight")
+    if weight.dim() == 2:
+        weight = weight.unsqueeze(0)
+        weight_scale_inv = weight_scale_inv.unsqueeze(0)
+    if weight_scale_inv.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"weight_scale_inv: expected a float tensor, got {weight_scale_inv.dtype}")
+    scale = weight_scale_inv.float()
+    if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):
+        raise ValueError("weight_scale_inv: must be finite and non-negative")
+    if not bool(torch.isfinite(weight.float()).all()):
+        raise ValueError("weight: contains NaN")
+    return FP8BlockExperts(weight.contiguous(), scale.contiguous(), tuple(block), 1)
+
+
+def cat_fp8_block(parts: list[FP8BlockExperts]) -> FP8BlockExperts:
+    """Stack projections along rows (gate then up): segments add up, each keeps its block grid."""
+    if not parts:
+        raise ValueError("parts: empty")
+    rows = {p.weight.shape[1] // p.segments for p in parts}
+    if len(rows) != 1 or len({p.block for p in parts}) != 1:
+        raise ValueError("parts: every segment must have the same row count and block")
+    return FP8BlockExperts(
+        torch.cat([p.weight for p in parts], dim=1),
+        torch.cat([p.scale for p in parts], dim=1),
+        parts[0].block,
+        sum(p.segments for p in parts),
+    )

@@ -1,0 +1,123 @@
+"""MXFP4 (OCP MX v1.0): E2M1 elements in blocks of 32 along K, one E8M0 scale 2^(byte-127) per block.
+
+Quantize rule (FLOOR): scale exponent = floor(log2(amax(|block|))) - 2, clamped to the E8M0 range
+(an all-zero block gets byte 0); elements w / 2^exp rounded half to even and saturated at +-6.
+Element 2i sits in the low nibble. K not a multiple of 32 is zero-padded; `k` keeps the logical K.
+
+The stored layout is gpt-oss's on-disk one: `*_blocks uint8 [E, N, KB, 16]`, `*_scales uint8 [E, N, KB]`.
+
+Shape legend: E experts, N output rows, K reduction dim (logical), KB = ceil(K/32) blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, expert_rows, pad_last
+from kernels.formats.e2m1 import decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
+
+BLOCK = 32
+E8M0_BIAS = 127
+E2M1_MAX_POW2 = 2  # floor(log2(6))
+
+
+@dataclass(frozen=True)
+class MXFP4Experts:
+    """blocks [E, N, KB, 16] uint8 (two E2M1 per byte); scales [E, N, KB] uint8 biased exponents."""
+
+    blocks: Tensor
+    scales: Tensor
+    k: int
+    segments: int = 1
+
+    fmt = "mxfp4"
+
+    def __post_init__(self) -> None:
+        check_dtype(self.blocks, torch.uint8, "blocks")
+        check_dtype(self.scales, torch.uint8, "scales")
+        if self.blocks.dim() != 4 or self.blocks.shape[-1] != BLOCK // 2:
+            raise ValueError(f"blocks: expected [E, N, KB, 16], got shape {tuple(self.blocks.shape)}")
+        if tuple(self.scales.shape) != tuple(self.blocks.shape[:3]):
+            raise ValueError(f"scales: expected shape {tuple(self.blocks.shape[:3])}, got {tuple(self.scales.shape)}")
+        kb = self.blocks.shape[2]
+        if not (isinstance(self.k, int) and (kb - 1) * BLOCK < self.k <= kb * BLOCK):
+            raise ValueError(f"k: must lie in ({(kb - 1) * BLOCK}, {kb * BLOCK}] for {kb} blocks, got {self.k!r}")
+        check_segments(self.blocks.shape[1], self.segments)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.blocks.shape[0], self.blocks.shape[1], self.k))
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes + self.scales.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
+        """-> [E', N, K] in dtype."""
+        blocks = expert_rows(self.blocks, experts)  # [E', N, KB, 16]
+        codes = unpack_nibbles(blocks)  # [E', N, KB, 32]
+        exps = expert_rows(self.scales, experts).to(torch.int32) - E8M0_BIAS  # [E', N, KB]
+        vals = torch.ldexp(decode_e2m1(codes), exps.unsqueeze(-1).float())  # [E', N, KB, 32]
+        return vals.flatten(-2)[..., : self.k].to(dtype)
+
+    def select(self, experts: Tensor) -> "MXFP4Experts":
+        return MXFP4Experts(expert_rows(self.blocks, experts), expert_rows(self.scales, experts), self.k, self.segments)
+
+    def to(self, device) -> "MXFP4Experts":
+        return MXFP4Experts(self.blocks.to(device), self.scales.to(device), self.k, self.segments)
+
+
+def mxfp4_scale_exponent(amax: Tensor) -> Tensor:
+    """amax [...] float32 >= 0 -> unbiased exponent [...] int32: floor(log2(amax)) - 2, in [-127, 127]."""
+    _, e = torch.frexp(amax)  # amax = m * 2^e with m in [0.5, 1): floor(log2(amax)) = e - 1
+    floor_log2 = torch.where(amax > 0, e - 1, torch.full_like(e, -E8M0_BIAS - E2M1_MAX_POW2))
+    return (floor_log2 - E2M1_MAX_POW2).clamp(-E8M0_BIAS, E8M0_BIAS).to(torch.int32)
+
+
+def quantize_mxfp4(w: Tensor, segments: int = 1) -> MXFP4Experts:
+    """w [E, N, K] or [N, K] float (finite) -> MXFP4Experts (FLOOR scales)."""
+    w = check_dense_weight(w)
+    check_segments(w.shape[1], segments)
+    e, n, k = w.shape
+    blocks = pad_last(w, BLOCK).reshape(e, n, -1, BLOCK)  # [E, N, KB, 32]
+    exp = mxfp4_scale_exponent(blocks.abs().amax(dim=-1))  # [E, N, KB]
+    scaled = torch.ldexp(blocks, (-exp).unsqueeze(-1).float())
+    codes = encode_e2m1(scaled)  # [E, N, KB, 32]
+    return MXFP4Experts(pack_nibbles(codes), (exp + E8M0_BIAS).to(torch.uint8), k, segments)
+
+
+def mxfp4_from_gpt_oss(blocks: Tensor, scales: Tensor, k: int | None = None, interleaved_gate_up: bool = False) -> MXFP4Experts:
+    """gpt-oss on-disk tensors as stored: blocks [E, N, KB, 16] uint8, scales [E, N, KB] uint8.
+
+    interleaved_gate_up: gpt-oss stores gate_up rows interleaved (gate rows 0, 2, 4.., up rows 1, 3, ..);
+    they are reordered to gate rows then up rows (2 segments). Values are kept as stored.
+    """
+    check_dtype(blocks, torch.uint8, "blocks")
+    check_dtype(scales, torch.uint8, "scales")
+    if bool((scales == 0xFF).any()):
+        raise ValueError("scales: byte 255 is the E8M0 NaN")
+    if blocks.dim() != 4:
+        raise ValueError(f"blocks: expected [E, N, KB, 16], got shape {tuple(blocks.shape)}")
+    k = blocks.shape[2] * BLOCK if k is None else k
+    if not interleaved_gate_up:
+        return MXFP4Experts(blocks.contiguous(), scales.contiguous(), k, 1)
+    if blocks.shape[1] % 2:
+        raise ValueError(f"blocks: interleaved gate_up needs an even row count, got {blocks.shape[1]}")
+    order = torch.cat([torch.arange(0, blocks.shape[1], 2), torch.arange(1, blocks.shape[1], 2)]).to(blocks.device)
+    return MXFP4Experts(blocks[:, order].contiguous(), scales[:, order].contiguous(), k, 2)
+
+
+def cat_mxfp4(parts: list[MXFP4Experts]) -> MXFP4Experts:
+    """Stack projections along rows (gate then up)."""
+    if not parts or len({p.k for p in parts}) != 1:
+        raise ValueError("parts: need at least one, all with the same k")
+    return MXFP4Experts(
+        torch.cat([p.blocks for p in parts], dim=1), torch.cat([p.scales for p in parts], dim=1), parts[0].k,
+        sum(p.segments for p in parts),
+    )

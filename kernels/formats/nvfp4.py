@@ -1,0 +1,165 @@
+"""NVFP4 (ModelOpt): E2M1 elements in blocks of 16 along K, a float8_e4m3fn scale per block and a
+float32 per-tensor `weight_scale_2 = amax / (6 * 448)`; W = e2m1 * (weight_scale * weight_scale_2).
+
+Quantize rule, per tensor (one projection of one expert, i.e. one segment):
+  weight_scale_2 = amax(|w|) / 2688 (1.0 for an all-zero tensor);
+  weight_scale   = e4m3((amax(|block|) / 6) / weight_scale_2), 1.0 where that is 0 (ModelOpt);
+  element        = e2m1(clamp(w * ((1 / weight_scale_2) / weight_scale), +-6)), half to even.
+(The element arithmetic is torchao's, so bytes match it wherever the block scales agree.)
+K not a multiple of 16 is zero-padded; `k` keeps the logical K.
+
+On disk per linear: `weight uint8 [N, K/2]`, `weight_scale e4m3 [N, K/16]`, `weight_scale_2 f32 []`,
+`input_scale f32 []`, with `hf_quant_config.json` {quant_algo: NVFP4, group_size: 16}.
+
+Shape legend: E experts, N output rows, K reduction dim (logical), KP = K padded to 16, S row segments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows, pad_last
+from kernels.formats.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
+
+BLOCK = 16
+FP8_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class NVFP4Experts:
+    """weight [E, N, KP/2] uint8; weight_scale [E, N, KP/16] e4m3; weight_scale_2 [E, S] float32;
+    input_scale [E, S] float32 or None (kept as stored; weights are dequantized, activations are not quantized)."""
+
+    weight: Tensor
+    weight_scale: Tensor
+    weight_scale_2: Tensor
+    k: int
+    segments: int = 1
+    input_scale: Tensor | None = None
+
+    fmt = "nvfp4"
+
+    def __post_init__(self) -> None:
+        check_dtype(self.weight, torch.uint8, "weight")
+        check_dtype(self.weight_scale, torch.float8_e4m3fn, "weight_scale")
+        check_dtype(self.weight_scale_2, torch.float32, "weight_scale_2")
+        if self.weight.dim() != 3:
+            raise ValueError(f"weight: expected [E, N, KP/2], got shape {tuple(self.weight.shape)}")
+        e, n, half = self.weight.shape
+        if half % (BLOCK // 2):
+            raise ValueError(f"weight: packed K/2 must be a multiple of 8, got {half}")
+        kp = half * 2
+        if not (isinstance(self.k, int) and kp - BLOCK < self.k <= kp):
+            raise ValueError(f"k: must lie in ({kp - BLOCK}, {kp}], got {self.k!r}")
+        check_segments(n, self.segments)
+        check_shape(self.weight_scale, (e, n, kp // BLOCK), "weight_scale")
+        check_shape(self.weight_scale_2, (e, self.segments), "weight_scale_2")
+        if self.input_scale is not None:
+            check_shape(self.input_scale, (e, self.segments), "input_scale")
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.weight.shape[0], self.weight.shape[1], self.k))
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + self.weight_scale.nbytes + self.weight_scale_2.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
+    def row_scale_2(self, experts: Tensor | None = None) -> Tensor:
+        """[E', N] float32: weight_scale_2 of each row's segment."""
+        n = self.weight.shape[1]
+        seg = torch.arange(n, device=self.weight.device) // (n // self.segments)
+        return expert_rows(self.weight_scale_2, experts)[:, seg]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
+        """-> [E', N, K] in dtype."""
+        codes = unpack_nibbles(expert_rows(self.weight, experts))  # [E', N, KP]
+        vals = decode_e2m1(codes).unflatten(-1, (-1, BLOCK))  # [E', N, KP/16, 16]
+        scale = expert_rows(self.weight_scale, experts).float() * self.row_scale_2(experts).unsqueeze(-1)  # [E', N, KP/16]
+        return (vals * scale.unsqueeze(-1)).flatten(-2)[..., : self.k].to(dtype)
+
+    def select(self, experts: Tensor) -> "NVFP4Experts":
+        inp = None if self.input_scale is None else expert_rows(self.input_scale, experts)
+        return NVFP4Experts(
+            expert_rows(self.weight, experts), expert_rows(self.weight_scale, experts),
+            expert_rows(self.weight_scale_2, experts), self.k, self.segments, inp,
+        )
+
+    def to(self, device) -> "NVFP4Experts":
+        inp = None if self.input_scale is None else self.input_scale.to(device)
+        return NVFP4Experts(
+            self.weight.to(device), self.weight_scale.to(device), self.weight_scale_2.to(device), self.k, self.segments, inp
+        )
+
+
+def _quantize_segment(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """w [E, n, K] float32 -> (weight [E, n, KP/2], weight_scale [E, n, KP/16], weight_scale_2 [E])."""
+    e, n, _ = w.shape
+    amax = w.abs().reshape(e, -1).amax(dim=-1)  # [E]
+    scale_2 = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX), torch.ones_like(amax))  # [E]
+    blocks = pad_last(w, BLOCK).reshape(e, n, -1, BLOCK)  # [E, n, KP/16, 16]
+    block_scale = blocks.abs().amax(dim=-1) / E2M1_MAX  # [E, n, KP/16]
+    scaled = (block_scale / scale_2[:, None, None]).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
+    scale_e4m3 = torch.where(scaled > 0, scaled, torch.ones_like(scaled)).to(torch.float8_e4m3fn)
+    reciprocal = (1.0 / scale_2)[:, None, None] / scale_e4m3.float()  # [E, n, KP/16]
+    data = (blocks * reciprocal.unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX)
+    codes = encode_e2m1(data).flatten(-2)  # [E, n, KP]
+    return pack_nibbles(codes), scale_e4m3, scale_2
+
+
+def quantize_nvfp4(w: Tensor, segments: int = 1) -> NVFP4Experts:
+    """w [E, N, K] or [N, K] float (finite) -> NVFP4Experts; each segment gets its own weight_scale_2."""
+    w = check_dense_weight(w)
+    seg_rows = check_segments(w.shape[1], segments)
+    parts = [_quantize_segment(w[:, i * seg_rows : (i + 1) * seg_rows]) for i in range(segments)]
+    return NVFP4Experts(
+        torch.cat([p[0] for p in parts], dim=1),
+        torch.cat([p[1] for p in parts], dim=1),
+        torch.stack([p[2] for p in parts], dim=1),
+        w.shape[-1],
+        segments,
+    )
+
+
+def nvfp4_from_modelopt(
+    weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor, input_scale: Tensor | None = None, k: int | None = None
+) -> NVFP4Experts:
+    """One projection of every expert as stored by ModelOpt, stacked by the caller.
+
+    weight [E, N, K/2] uint8; weight_scale [E, N, K/16] e4m3; weight_scale_2 [E] (or [E, 1]) float32;
+    input_scale [E] float32 or None. Values are kept as stored.
+    """
+    check_dtype(weight, torch.uint8, "weight")
+    check_dtype(weight_scale, torch.float8_e4m3fn, "weight_scale")
+    if weight.dim() == 2:
+        weight, weight_scale = weight.unsqueeze(0), weight_scale.unsqueeze(0)
+    e = weight.shape[0]
+    s2 = weight_scale_2.float().reshape(e, 1)
+    if not bool(torch.isfinite(s2).all()) or bool((s2 <= 0).any()):
+        raise ValueError("weight_scale_2: must be finite and positive")
+    if not bool(torch.isfinite(weight_scale.float()).all()):
+        raise ValueError("weight_scale: contains NaN")
+    inp = None if input_scale is None else input_scale.float().reshape(e, 1)
+    k = weight.shape[-1] * 2 if k is None else k
+    return NVFP4Experts(weight.contiguous(), weight_scale.contiguous(), s2.contiguous(), k, 1, inp)
+
+
+def cat_nvfp4(parts: list[NVFP4Experts]) -> NVFP4Experts:
+    """Stack projections along rows (gate then up): each keeps its weight_scale_2."""
+    if not parts or len({p.k for p in parts}) != 1:
+        raise ValueError("parts: need at least one, all with the same k")
+    has_inp = all(p.input_scale is not None for p in parts)
+    return NVFP4Experts(
+        torch.cat([p.weight for p in parts], dim=1),
+        torch.cat([p.weight_scale for p in parts], dim=1),
+        torch.cat([p.weight_scale_2 for p in parts], dim=1),
+        parts[0].k,
+        sum(p.segments for p in parts),
+        torch.cat([p.input_scale for p in parts], dim=1) if has_inp else None,
+    )

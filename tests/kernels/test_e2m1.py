@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+from kernels.formats.e2m1 import E2M1_MAGNITUDES, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
+from tests.kernels.oracles import torchao_mxfp4_floor  # noqa: F401  (imports torchao once, warnings silenced)
+
+
+def test_decode_every_code():
+    vals = decode_e2m1(torch.arange(16, dtype=torch.uint8))
+    assert vals[:8].tolist() == list(E2M1_MAGNITUDES)
+    assert vals[8:].tolist() == [-m for m in E2M1_MAGNITUDES]
+
+
+def test_encode_representable_values_round_trip():
+    codes = torch.arange(16, dtype=torch.uint8)
+    back = encode_e2m1(decode_e2m1(codes))
+    # -0.0 (code 8) keeps its sign bit; every other value maps back to its code
+    assert back.tolist() == codes.tolist()
+
+
+@pytest.mark.parametrize(
+    "x, code",
+    [(0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6), (0.26, 1), (5.01, 7), (100.0, 7), (-100.0, 15), (-0.1, 8)],
+)
+def test_ties_to_even_and_saturation(x, code):
+    assert encode_e2m1(torch.tensor([x])).item() == code
+
+
+def test_encode_matches_torchao_on_a_dense_grid():
+    from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked
+
+    x = torch.linspace(-7.0, 7.0, 14001)
+    x = torch.cat([x, torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]).repeat(2) * torch.tensor([1.0] * 7 + [-1.0] * 7)])
+    assert torch.equal(encode_e2m1(x), f32_to_f4_unpacked(x.contiguous()))
+
+
+def test_pack_low_nibble_first_and_round_trip():
+    codes = torch.randint(0, 16, (3, 10), dtype=torch.uint8)
+    packed = pack_nibbles(codes)
+    assert packed.shape == (3, 5)
+    assert packed[0, 0].item() == codes[0, 0].item() | (codes[0, 1].item() << 4)
+    assert torch.equal(unpack_nibbles(packed), codes)
+
+
+def test_pack_rejects_odd_length():
+    with pytest.raises(ValueError, match="codes"):
+        pack_nibbles(torch.zeros(3, dtype=torch.uint8))

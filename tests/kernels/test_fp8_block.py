@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from kernels.formats import cat_fp8_block, fp8_block_from_checkpoint, quantize_fp8_block
+from tests.kernels.oracles import ct_fp8_block
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (300, 200), (64, 72), (129, 1)])
+def test_matches_compressed_tensors_including_edge_blocks(shape):
+    torch.manual_seed(sum(shape))
+    w = torch.randn(shape) * torch.rand(shape[0], 1) * 5
+    scale, q, deq = ct_fp8_block(w)
+    ours = quantize_fp8_block(w)
+    assert torch.equal(ours.scale[0], scale)
+    assert torch.equal(ours.weight[0].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(ours.dequantize(torch.float32)[0], deq)
+
+
+def test_segments_are_blocked_like_separate_projections():
+    torch.manual_seed(1)
+    gate, up = torch.randn(2, 200, 136), torch.randn(2, 200, 136) * 3  # 200 rows: partial last block in each
+    fused = quantize_fp8_block(torch.cat([gate, up], dim=1), segments=2)
+    parts = cat_fp8_block([quantize_fp8_block(gate), quantize_fp8_block(up)])
+    assert fused.segments == 2 and fused.scale.shape == (2, 4, 2)
+    assert torch.equal(fused.scale, parts.scale)
+    assert torch.equal(fused.dequantize(), parts.dequantize())
+    s, _, deq = ct_fp8_block(up[1])
+    assert torch.equal(fused.scale[1, 2:], s)
+    assert torch.equal(fused.dequantize()[1, 200:], deq)
+
+
+def test_round_trip_error_is_within_half_an_e4m3_step():
+    torch.manual_seed(2)
+    w = torch.randn(3, 130, 260)
+    q = quantize_fp8_block(w)
+    rel = ((q.dequantize() - w).abs() / w.abs().clamp(min=1e-3)).max()
+    assert rel <= 2.0**-4 + 1e-6  # 3 mantissa bits: relative rounding error at most 2^-4 for normals
+    again = quantize_fp8_block(q.dequantize())
+    assert torch.equal(again.weight.view(torch.uint8), q.weight.view(torch.uint8))
+
+
+def test_all_zero_block_and_saturation():
+    w = torch.zeros(1, 256, 256)
+    w[0, 128:, 128:] = torch.randn(128, 128)
+    w[0, 200, 200] = 1e6
+    q = quantize_fp8_block(w)
+    assert q.scale[0, 0, 0].item() == 1.0 and q.scale[0, 0, 1].item() == 1.0
+    assert torch.count_nonzero(q.dequantize()[0, :128]).item() == 0
+    assert q.weight[0, 200, 200].float().item() == 448.0
+    assert q.dequantize()[0, 200, 200].item() == pytest.approx(1e6, rel=1e-6)
+
+
+def test_ue8m0_scales_are_powers_of_two_and_cover_amax():
+    torch.manual_seed(3)
+    w = torch.randn(2, 256, 384) * 7
+    q = quantize_fp8_block(w, scale_fmt="ue8m0")
+    m, _ = torch.frexp(q.scale)
+    assert bool((m == 0.5).all())
+    assert float(q.weight.float().abs().max()) <= 448.0
+    assert ((q.dequantize() - w).abs() <= w.abs() * 2.0**-4 + q.scale.max() * 2.0**-9).all()
+
+
+def test_loader_keeps_values_as_stored():
+    torch.manual_seed(4)
+    w = torch.randn(300, 200)
+    scale, q, deq = ct_fp8_block(w)
+    loaded = fp8_block_from_checkpoint(q, scale)
+    assert loaded.shape == (1, 300, 200)
+    assert torch.equal(loaded.dequantize()[0], deq)
+    stacked = fp8_block_from_checkpoint(torch.stack([q, q]), torch.stack([scale, scale]).to(torch.bfloat16))
+    assert stacked.scale.dtype == torch.float32 and stacked.shape == (2, 300, 200)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_rejects_non_finite_input(bad):
+    w = torch.randn(4, 8)
+    w[1, 2] = bad
+    with pytest.raises(ValueError, match="NaN or inf"):
+        quantize_fp8_block(w)
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="w"):
+        quantize_fp8_block(torch.zeros(4, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="segments"):
+        quantize_fp8_block(torch.zeros(5, 8), segments=2)
+    with pytest.raises(ValueError, match="scale_fmt"):
+        quantize_fp8_block(torch.zeros(4, 8), scale_fmt="e5m2")
+    q = torch.zeros(300, 200).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="scale"):
+        fp8_block_from_checkpoint(q, torch.ones(2, 2))
+    with pytest.raises(ValueError, match="weight_scale_inv"):
+        fp8_block_from_checkpoint(q, torch.full((3, 2), float("nan")))
+    with pytest.raises(ValueError, match="weight"):
+        fp8_block_from_checkpoint(torch.zeros(300, 200), torch.ones(3, 2))
