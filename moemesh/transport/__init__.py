@@ -1,0 +1,1 @@
+"""Moving expert tensors between attention replicas and expert servers: wire codec and transports."""

@@ -1,0 +1,100 @@
+"""Tensor <-> `moemesh.v1.Tensor` without pickle: raw row-major bytes plus dtype name and shape.
+
+Encoding views the (contiguous, CPU) tensor's storage as bytes, so bfloat16, float8 and packed
+float4 (`float4_e2m1fn_x2`, two values per byte) travel bit-exactly like any other dtype. Decoding
+wraps the message's bytes without copying (`torch.frombuffer`); the result is read-only memory:
+clone it before writing in place. Every decode checks the dtype against the allow-list, the shape
+against the byte count and an optional size limit, and raises `CodecError` naming the field.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from moemesh.rpc.protos import load
+
+tensor_pb2, _ = load("tensor")
+
+ALLOWED_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "float32", "float64", "float16", "bfloat16",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+        "float4_e2m1fn_x2",
+        "int8", "uint8", "int16", "int32", "int64", "bool",
+    )
+    if hasattr(torch, name)
+}
+DTYPE_NAMES = {dtype: name for name, dtype in ALLOWED_DTYPES.items()}
+MAX_DIMS = 8
+
+
+class CodecError(ValueError):
+    """A tensor message that cannot be decoded (or a tensor that cannot be encoded)."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise CodecError(f"dtype {dtype} is not in the wire allow-list {sorted(ALLOWED_DTYPES)}")
+    return name
+
+
+def parse_dtype(name: str, field: str = "tensor") -> torch.dtype:
+    dtype = ALLOWED_DTYPES.get(name)
+    if dtype is None:
+        raise CodecError(f"{field}.dtype {name!r} is not one of {sorted(ALLOWED_DTYPES)}")
+    return dtype
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The raw row-major bytes of `t` (moved to CPU and made contiguous when needed)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    if t.numel() == 0:
+        return b""
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def encode(t: torch.Tensor, out: Any = None) -> Any:
+    """A `moemesh.v1.Tensor` holding `t`; fills `out` (e.g. `request.x`) in place when given."""
+    msg = tensor_pb2.Tensor() if out is None else out
+    msg.dtype = dtype_name(t.dtype)
+    del msg.shape[:]
+    msg.shape.extend(int(s) for s in t.shape)
+    msg.data = tensor_bytes(t)
+    return msg
+
+
+def check_shape(shape: list[int], field: str) -> tuple[int, ...]:
+    if len(shape) > MAX_DIMS:
+        raise CodecError(f"{field}.shape has {len(shape)} dimensions, at most {MAX_DIMS} are allowed")
+    for i, s in enumerate(shape):
+        if s < 0:
+            raise CodecError(f"{field}.shape[{i}] is {s}, must be >= 0")
+    return tuple(int(s) for s in shape)
+
+
+def decode(msg: Any, field: str = "tensor", max_bytes: int | None = None, ndim: int | None = None) -> torch.Tensor:
+    """A CPU tensor viewing `msg.data` (read-only, no copy). `field` names the message in errors."""
+    dtype = parse_dtype(msg.dtype, field)
+    shape = check_shape(list(msg.shape), field)
+    if ndim is not None and len(shape) != ndim:
+        raise CodecError(f"{field}.shape {list(shape)} must have {ndim} dimensions")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    expected = math.prod(shape) * itemsize
+    if max_bytes is not None and expected > max_bytes:
+        raise CodecError(f"{field} of shape {list(shape)} ({expected} bytes) exceeds the limit of {max_bytes} bytes")
+    if len(msg.data) != expected:
+        raise CodecError(f"{field}.data has {len(msg.data)} bytes, shape {list(shape)} of {msg.dtype} needs {expected}")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": documented above
+        flat = torch.frombuffer(msg.data, dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)
