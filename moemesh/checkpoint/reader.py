@@ -26,8 +26,8 @@ class CheckpointReader:
             raise CheckpointError(f"model directory {str(self.model_dir)!r} does not exist")
         if not (self.model_dir / "config.json").is_file():
             raise CheckpointError(f"config.json not found in {str(self.model_dir)!r}")
+        self._handles: dict[str, Any] = {}  # shard file name -> open safetensors handle
         self._weight_map = self._read_weight_map()
-        self._handles: dict[str, Any] = {}
 
     def _read_weight_map(self) -> dict[str, str]:
         index = self.model_dir / INDEX_FILE

@@ -1,0 +1,225 @@
+"""`LLMEngine`: continuous-batching generation over one model in this process.
+
+One step = schedule -> run the model (optionally as two interleaved micro-batches) -> sample and update.
+
+Thread safety: every public method takes one lock, so `add_request`, `abort`, `set_moe_knobs` and
+`has_unfinished` may be called from any thread (e.g. an asyncio loop) while another thread runs
+`step()`; they wait for the running step to finish and take effect between steps.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Sequence
+
+import torch
+
+from moemesh.checkpoint import CheckpointReader
+from moemesh.config import ModelConfig
+from moemesh.engine.config import EngineConfig
+from moemesh.engine.kv_cache import KVCache
+from moemesh.engine.outputs import GenerationResult, StepOutput
+from moemesh.engine.request import Request
+from moemesh.engine.sampler import prompt_logprobs, sample
+from moemesh.engine.sampling_params import SamplingParams
+from moemesh.engine.scheduler import ScheduledBatch, Scheduler
+from moemesh.models.batch import BatchMeta, SeqSlice
+from moemesh.models.registry import get_architecture
+from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.knobs import MoeKnobs
+from moemesh.moe.local_experts import LocalExperts
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, expert_compute: ExpertCompute | None = None) -> None:
+        self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.model_config = ModelConfig.from_model_dir(config.model_dir)
+        cfg = self.model_config
+        reader = CheckpointReader(config.model_dir)
+        self.dtype = config.compute_dtype(cfg.dtype)
+        if config.moe_top_k is not None and config.moe_top_k > cfg.num_experts:
+            raise ValueError(f"moe_top_k must be <= num_experts ({cfg.num_experts}), got {config.moe_top_k}")
+        with torch.inference_mode():
+            self.model = get_architecture(cfg.architecture).model_class(cfg, reader, self.dtype)
+            self.experts = expert_compute or LocalExperts.from_checkpoint(reader, cfg, self.dtype, config.experts_dtype)
+        self.max_model_len = min(cfg.max_position_embeddings, config.max_model_len or cfg.max_position_embeddings)
+        kv_tokens = min(config.kv_cache_tokens, config.max_num_seqs * self.max_model_len)
+        num_blocks = -(-kv_tokens // config.block_size)
+        self.kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        self.scheduler = Scheduler(self.kv.allocator, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
+        self.knobs = MoeKnobs(top_k=config.moe_top_k, capacity_factor=config.capacity_factor)
+        self._lock = threading.RLock()
+        self._pending: list[StepOutput] = []  # abort outputs handed out by the next step()
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        ids = [int(t) for t in prompt_token_ids]
+        params.check_fits(len(ids), self.max_model_len)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids: token {bad[0]} is outside the vocabulary [0, {vocab})")
+        if len(ids) > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt_token_ids: prompt of {len(ids)} tokens exceeds max_num_batched_tokens ({self.config.max_num_batched_tokens})"
+            )
+        total_blocks = self.kv.allocator.num_blocks
+        if self.kv.blocks_for(len(ids) + params.max_new_tokens) > total_blocks:
+            raise ValueError(
+                f"max_new_tokens: prompt + max_new_tokens needs more KV cache than the engine has "
+                f"({total_blocks * self.config.block_size} tokens)"
+            )
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= set(self.model_config.eos_token_ids)
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator()
+            if params.seed is None:
+                gen.seed()
+            else:
+                gen.manual_seed(params.seed)
+        req = Request(request_id, ids, params, gen, frozenset(stop), prompt_logprobs_pending=params.prompt_logprobs)
+        with self._lock:
+            if self.scheduler.find(request_id) is not None:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Stops a request and frees its KV blocks at once; the next step() reports it with finish_reason
+        "abort". Returns False when no such request is unfinished."""
+        with self._lock:
+            req = self.scheduler.find(request_id)
+            if req is None:
+                return False
+            self.scheduler.remove(req)
+            self._pending.append(StepOutput(request_id, None, None, True, "abort"))
+            return True
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return self.scheduler.has_unfinished() or bool(self._pending)
+
+    def set_moe_knobs(self, top_k: int | None = None, capacity_factor: float | None = None, layer: int | None = None) -> None:
+        """Changes top-k and/or capacity factor (for all MoE layers, or one); applies from the next step."""
+        cfg = self.model_config
+        if top_k is not None and not 1 <= top_k <= cfg.num_experts:
+            raise ValueError(f"top_k must be in [1, {cfg.num_experts}], got {top_k}")
+        if layer is not None and not cfg.is_moe_layer(layer):
+            raise ValueError(f"layer {layer} is not a MoE layer (MoE layers: {list(cfg.moe_layers)})")
+        with self._lock:
+            self.knobs = self.knobs.updated(top_k=top_k, capacity_factor=capacity_factor, layer=layer)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv.allocator.num_free
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        with self._lock, torch.inference_mode():
+            outputs, self._pending = self._pending, []
+            batch = self.scheduler.schedule()
+            if batch.empty:
+                return outputs
+            reqs = [*batch.decodes, *batch.prefills]
+            slices = [self._slice(r, decode=True) for r in batch.decodes]
+            slices += [self._slice(r, decode=False) for r in batch.prefills]
+            logits = self._run(slices)  # one [rows, V] tensor per request
+            last = torch.stack([l[-1] for l in logits])  # [B, V]
+            tokens, lps = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
+            for req, rows, tok, lp in zip(reqs, logits, tokens, lps):
+                outputs.append(self._update(req, rows, tok, lp))
+            return outputs
+
+    def _slice(self, req: Request, decode: bool) -> SeqSlice:
+        if decode:
+            return SeqSlice([req.all_token_ids[-1]], req.num_tokens - 1, req.block_table)
+        return SeqSlice(req.all_token_ids, 0, req.block_table, all_logits=req.prompt_logprobs_pending)
+
+    def _run(self, slices: list[SeqSlice]) -> list[torch.Tensor]:
+        """Runs the model; returns each slice's logits rows [n, V] (float32)."""
+        cfg, bs = self.model_config, self.config.block_size
+        groups = split_micro_batches(slices, self.config.micro_batches)
+        metas = [BatchMeta.build(g, bs, cfg.sliding_window) for g in groups]
+        stages = [self.model.forward_stages(m, self.kv.layers, self.experts, self.knobs) for m in metas]
+        results = run_interleaved(stages)
+        by_slice: dict[int, torch.Tensor] = {}
+        for group, meta, logits in zip(groups, metas, results):
+            for s, (first, n) in zip(group, meta.logits_rows):
+                by_slice[id(s)] = logits[first : first + n]
+        return [by_slice[id(s)] for s in slices]
+
+    def _update(self, req: Request, rows: torch.Tensor, token: int, logprob: float) -> StepOutput:
+        plp = None
+        if req.prompt_logprobs_pending:
+            plp = prompt_logprobs(rows[: len(req.prompt_token_ids)], req.prompt_token_ids)
+            req.prompt_logprobs_pending = False
+        req.num_cached = req.num_tokens
+        req.output_token_ids.append(token)
+        req.logprobs.append(logprob)
+        if token in req.stop_ids:
+            req.finish_reason = "stop"
+        elif len(req.output_token_ids) >= req.params.max_new_tokens:
+            req.finish_reason = "length"
+        if req.finish_reason is not None:
+            self.scheduler.remove(req)
+        return StepOutput(req.request_id, token, logprob, req.finish_reason is not None, req.finish_reason, plp)
+
+    # ---- convenience ----------------------------------------------------------------------------
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[GenerationResult]:
+        """Runs every prompt to completion (continuous batching); results in the order of `prompts`."""
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        ids = [f"generate-{uuid.uuid4().hex}" for _ in prompts]
+        state = {rid: {"tokens": [], "logprobs": [], "prompt_logprobs": None, "reason": None} for rid in ids}
+        for rid, prompt, p in zip(ids, prompts, plist):
+            self.add_request(rid, prompt, p)
+        remaining = set(ids)
+        while remaining:
+            for out in self.step():
+                s = state.get(out.request_id)
+                if s is None:
+                    continue
+                if out.token_id is not None:
+                    s["tokens"].append(out.token_id)
+                    s["logprobs"].append(out.logprob)
+                if out.prompt_logprobs is not None:
+                    s["prompt_logprobs"] = out.prompt_logprobs
+                if out.finished:
+                    s["reason"] = out.finish_reason
+                    remaining.discard(out.request_id)
+        return [
+            GenerationResult(rid, list(p), s["tokens"], s["logprobs"], s["reason"], s["prompt_logprobs"])
+            for rid, p, s in ((rid, p, state[rid]) for rid, p in zip(ids, prompts))
+        ]
+
+
+def split_micro_batches(slices: list[SeqSlice], n: int) -> list[list[SeqSlice]]:
+    """Split into up to n non-empty groups, alternating so each gets a share of decodes and prefills
+    (decodes stay first within each group)."""
+    if n <= 1 or len(slices) < 2:
+        return [slices]
+    groups: list[list[SeqSlice]] = [[] for _ in range(n)]
+    for i, s in enumerate(slices):
+        groups[i % n].append(s)
+    return [g for g in groups if g]
+
+
+def run_interleaved(stages: list) -> list[torch.Tensor]:
+    """Drive forward_stages generators round-robin, one MoE layer at a time: while one micro-batch's
+    experts compute (a future in flight), the next micro-batch runs its attention. Returns each result."""
+    results: list[torch.Tensor | None] = [None] * len(stages)
+    live = list(range(len(stages)))
+    while live:
+        for i in list(live):
+            try:
+                next(stages[i])
+            except StopIteration as done:
+                results[i] = done.value
+                live.remove(i)
+    return results

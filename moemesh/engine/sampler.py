@@ -1,0 +1,50 @@
+"""Sampling the next token of each request from its logits row.
+
+Shape legend: B requests in the step, V vocab.
+Each request samples with its own torch.Generator, so its tokens do not depend on its batch neighbours.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from moemesh.engine.sampling_params import SamplingParams
+
+
+def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """logits [V] float32 (already temperature-scaled) -> [V] with tokens outside top-k / top-p at -inf."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the mass of the tokens before it already reaches top_p (the first always stays).
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+def sample(
+    logits: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+) -> tuple[list[int], list[float]]:
+    """logits [B, V] float32 -> (token id per row, its log-probability under the unmodified distribution)."""
+    logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+    tokens = torch.argmax(logits, dim=-1)  # [B]
+    for b, (p, gen) in enumerate(zip(params, generators)):
+        if p.greedy:
+            continue
+        row = filter_logits(logits[b] / p.temperature, p.top_k, p.top_p)
+        probs = torch.softmax(row, dim=-1)
+        tokens[b] = torch.multinomial(probs, 1, generator=gen)[0]
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0]  # [B]
+    return tokens.tolist(), chosen.tolist()
+
+
+def prompt_logprobs(logits: Tensor, prompt: Sequence[int]) -> list[float | None]:
+    """logits [P, V] (one row per prompt position) -> [None, lp(p1|p0), ..., lp(p_{P-1}|...)]."""
+    lp = torch.log_softmax(logits[:-1], dim=-1)  # [P-1, V]
+    targets = torch.tensor(list(prompt[1:]), dtype=torch.long)
+    return [None, *lp.gather(1, targets[:, None])[:, 0].tolist()]

@@ -1,0 +1,48 @@
+"""`SamplingParams`: how one request samples and when it stops; validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; top_k 0 = off; top_p 1 = off; seed None = nondeterministic.
+    Generation stops at max_new_tokens, or at a token in stop_token_ids or (unless ignore_eos) the
+    model's EOS ids; the stop token is included in the output. prompt_logprobs: also report the
+    log-probability of each prompt token given the tokens before it."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    prompt_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def check_fits(self, prompt_len: int, max_model_len: int) -> None:
+        """Raises ValueError when the prompt plus max_new_tokens exceeds the context length."""
+        if prompt_len < 1:
+            raise ValueError("prompt_token_ids must hold at least one token")
+        if prompt_len >= max_model_len:
+            raise ValueError(f"prompt_token_ids: prompt of {prompt_len} tokens does not fit the context of {max_model_len}")
+        if prompt_len + self.max_new_tokens > max_model_len:
+            raise ValueError(
+                f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({self.max_new_tokens}) exceeds the context "
+                f"length {max_model_len}"
+            )

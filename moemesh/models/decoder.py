@@ -1,0 +1,160 @@
+"""The Llama-family MoE decoder (Mixtral, Qwen3-MoE): weights, and a forward split at each MoE layer.
+
+Shape legend: T tokens, H hidden, E experts, K top-k, N rows sent to the experts, R logits rows, V vocab.
+
+`forward_stages` is a generator: it runs up to a MoE layer's expert submit (attention, gate, dispatch
+plan, `ExpertCompute.submit`), yields, and on resumption waits for the experts' future and combines.
+Driving two such generators alternately overlaps one micro-batch's attention with the other's experts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generator, Sequence
+
+import torch
+from torch import Tensor
+
+from moemesh.checkpoint import CheckpointReader
+from moemesh.checkpoint.progress import load_progress
+from moemesh.config import ModelConfig
+from moemesh.models.attention import AttentionWeights, attention
+from moemesh.models.batch import BatchMeta
+from moemesh.models.layers import RotaryTable, rms_norm, silu_mlp
+from moemesh.moe.combine import combine
+from moemesh.moe.dispatch import make_plan
+from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.gate import softmax_topk
+from moemesh.moe.knobs import MoeKnobs
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """Checkpoint names of one family ({layer} is filled in)."""
+
+    router: str  # MoE gate weight [E, H]
+    dense_mlp: str  # prefix of gate_proj/up_proj/down_proj for dense layers
+    qk_norm: bool
+
+
+@dataclass(frozen=True)
+class DecoderLayer:
+    input_norm: Tensor  # [H]
+    attn: AttentionWeights
+    post_norm: Tensor  # [H]
+    router: Tensor | None  # [E, H] for MoE layers
+    mlp_gate_up: Tensor | None  # [2I, H] for dense layers
+    mlp_down: Tensor | None  # [H, I] for dense layers
+
+
+class MoeDecoderLM:
+    """Non-expert weights of a Llama-family MoE model; experts are reached through an ExpertCompute."""
+
+    names: WeightNames  # set by each architecture's subclass
+
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+        self.cfg = cfg
+        self.dtype = dtype
+        h, v = cfg.hidden_size, cfg.vocab_size
+        self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        self.layers: list[DecoderLayer] = []
+        with load_progress(cfg.num_layers, "loading layers") as bar:
+            for layer in range(cfg.num_layers):
+                self.layers.append(self._load_layer(reader, layer))
+                bar.update(1)
+        self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
+        if cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
+            self.lm_head = self.embed
+        else:
+            self.lm_head = reader.get("lm_head.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        self.rope = RotaryTable.build(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+
+    def _load_layer(self, reader: CheckpointReader, layer: int) -> DecoderLayer:
+        cfg, dt = self.cfg, self.dtype
+        h, d, nh, kvh = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        p = f"model.layers.{layer}"
+        a = f"{p}.self_attn"
+        qkv = torch.cat(
+            [
+                reader.get(f"{a}.q_proj.weight", shape=(nh * d, h), dtype=dt),
+                reader.get(f"{a}.k_proj.weight", shape=(kvh * d, h), dtype=dt),
+                reader.get(f"{a}.v_proj.weight", shape=(kvh * d, h), dtype=dt),
+            ]
+        )
+        bias = None
+        if reader.has(f"{a}.q_proj.bias"):
+            bias = torch.cat([reader.get(f"{a}.{n}_proj.bias", dtype=dt) for n in ("q", "k", "v")])
+        attn = AttentionWeights(
+            qkv=qkv,
+            o=reader.get(f"{a}.o_proj.weight", shape=(h, nh * d), dtype=dt),
+            num_heads=nh,
+            num_kv_heads=kvh,
+            head_dim=d,
+            qkv_bias=bias,
+            q_norm=reader.get(f"{a}.q_norm.weight", shape=(d,), dtype=dt) if self.names.qk_norm else None,
+            k_norm=reader.get(f"{a}.k_norm.weight", shape=(d,), dtype=dt) if self.names.qk_norm else None,
+            norm_eps=cfg.rms_norm_eps,
+        )
+        router = gate_up = down = None
+        if cfg.is_moe_layer(layer):
+            router = reader.get(self.names.router.format(layer=layer), shape=(cfg.num_experts, h), dtype=dt)
+        else:
+            m, i = self.names.dense_mlp.format(layer=layer), cfg.intermediate_size
+            gate_up = torch.cat(
+                [reader.get(f"{m}.gate_proj.weight", shape=(i, h), dtype=dt), reader.get(f"{m}.up_proj.weight", shape=(i, h), dtype=dt)]
+            )
+            down = reader.get(f"{m}.down_proj.weight", shape=(h, i), dtype=dt)
+        return DecoderLayer(
+            input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(h,), dtype=dt),
+            attn=attn,
+            post_norm=reader.get(f"{p}.post_attention_layernorm.weight", shape=(h,), dtype=dt),
+            router=router,
+            mlp_gate_up=gate_up,
+            mlp_down=down,
+        )
+
+    def weight_bytes(self) -> int:
+        """Bytes of non-expert weights read per decode step (embedding rows excluded, LM head included)."""
+        total = self.lm_head.numel() * self.lm_head.element_size() + self.norm.numel() * self.norm.element_size()
+        for lyr in self.layers:
+            for t in (lyr.input_norm, lyr.post_norm, lyr.attn.qkv, lyr.attn.o, lyr.router, lyr.mlp_gate_up, lyr.mlp_down):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        return total
+
+    def forward_stages(
+        self,
+        meta: BatchMeta,
+        kv_caches: Sequence[tuple[Tensor, Tensor]],
+        experts: ExpertCompute,
+        knobs: MoeKnobs,
+    ) -> Generator[None, None, Tensor]:
+        """Yields once per MoE layer (after submitting to the experts); returns logits [R, V] float32
+        for the rows meta.logits_idx."""
+        cfg = self.cfg
+        x = self.embed[meta.input_ids]  # [T, H]
+        t = x.shape[0]
+        for idx, lyr in enumerate(self.layers):
+            h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
+            k_cache, v_cache = kv_caches[idx]
+            x = x + attention(h, lyr.attn, meta, self.rope, k_cache, v_cache)
+            h = rms_norm(x, lyr.post_norm, cfg.rms_norm_eps)  # [T, H]
+            if lyr.router is None:
+                x = x + silu_mlp(h, lyr.mlp_gate_up, lyr.mlp_down)
+                continue
+            lk = knobs.for_layer(idx)
+            routing = softmax_topk(h @ lyr.router.t(), lk.top_k or cfg.top_k, cfg.norm_topk_prob)  # [T, K]
+            plan = make_plan(routing, cfg.num_experts, lk.capacity_factor)
+            future = experts.submit(idx, h[plan.token_idx], plan.expert_ids, plan.counts)  # rows [N, H]
+            yield
+            x = x + combine(future.result(), plan, t)
+        h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
+        return (h @ self.lm_head.t()).float()  # [R, V]
+
+    def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
+        """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""
+        stages = self.forward_stages(meta, kv_caches, experts, knobs)
+        while True:
+            try:
+                next(stages)
+            except StopIteration as done:
+                return done.value

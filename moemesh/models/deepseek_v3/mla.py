@@ -1,0 +1,138 @@
+"""Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2) over a paged *latent* KV cache.
+
+Shape legend: T tokens, H hidden, NH heads, Rq q_lora_rank, R kv_lora_rank, Dn qk_nope_head_dim,
+Dr qk_rope_head_dim, Dv v_head_dim, B decoding sequences, S cached positions per decoding sequence,
+n prefill length. Latent cache of one layer: [num_blocks, BS, R + Dr] (c_kv then k_pe, per token).
+
+What the cache holds: per token only `c_kv` [R] (after kv_a_layernorm) and the rotated shared key
+`k_pe` [Dr]: R + Dr numbers (576 for DeepSeek-V3) instead of NH * (Dn + Dr + Dv) for expanded heads.
+
+How attention reads it:
+  * decode steps use the *absorbed* form: q_nope is folded through kv_b's key half (W_UK) into the
+    latent space, scores are q_lat . c_kv + q_pe . k_pe, the weighted sum stays in latent space and
+    kv_b's value half (W_UV) maps it to Dv per head afterwards. Nothing is expanded per cached token.
+  * prefills (every key is new) use the *expanded* form: kv_b expands this step's latents to per-head
+    keys/values once and a standard attention runs; this costs less than absorbing when the number of
+    queries equals the number of keys.
+Both forms compute the same function; tests check each against transformers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from moemesh.models.batch import BatchMeta
+from moemesh.models.deepseek_v3.yarn_rope import apply_rope_interleaved
+from moemesh.models.layers import RotaryTable, apply_rope, rms_norm
+
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
+
+
+@dataclass(frozen=True)
+class MLAWeights:
+    """q_a [Rq, H] + q_a_norm [Rq] + q_b [NH*(Dn+Dr), Rq], or q [NH*(Dn+Dr), H] when q_lora_rank is None;
+    kv_a [R+Dr, H]; kv_a_norm [R]; kv_b [NH*(Dn+Dv), R]; o [H, NH*Dv]; biases when attention_bias."""
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    softmax_scale: float
+    rope_interleave: bool
+    kv_a: Tensor
+    kv_a_norm: Tensor
+    kv_b: Tensor
+    o: Tensor
+    q: Tensor | None = None
+    q_a: Tensor | None = None
+    q_a_norm: Tensor | None = None
+    q_b: Tensor | None = None
+    q_a_bias: Tensor | None = None
+    kv_a_bias: Tensor | None = None
+    o_bias: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if (self.q is None) == (self.q_a is None):
+            raise ValueError("MLAWeights: give exactly one of q (no q_lora_rank) or q_a/q_a_norm/q_b")
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def absorbed(self) -> tuple[Tensor, Tensor]:
+        """kv_b split per head: W_UK [NH, Dn, R], W_UV [NH, Dv, R]."""
+        nh, dn, dv = self.num_heads, self.qk_nope_head_dim, self.v_head_dim
+        kv_b = self.kv_b.view(nh, dn + dv, self.kv_lora_rank)
+        return kv_b[:, :dn], kv_b[:, dn:]
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return F.linear(x, w, b)
+
+
+def queries(x: Tensor, w: MLAWeights) -> Tensor:
+    """x [T, H] -> q [T, NH, Dn+Dr] (before rope)."""
+    if w.q is not None:
+        q = x @ w.q.t()
+    else:
+        q = rms_norm(linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LATENT_NORM_EPS) @ w.q_b.t()
+    return q.view(x.shape[0], w.num_heads, w.qk_nope_head_dim + w.qk_rope_head_dim)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
+    return apply_rope_interleaved(x, cos, sin) if interleave else apply_rope(x, cos, sin)
+
+
+def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, latent_cache: Tensor) -> Tensor:
+    """x [T, H] -> [T, H]; writes this step's latents (c_kv, k_pe) into latent_cache first."""
+    t = x.shape[0]
+    nh, r, dn, dr, dv = w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim
+    q = queries(x, w)  # [T, NH, Dn+Dr]
+    q_nope, q_pe = q[..., :dn], q[..., dn:]
+    kv = linear(x, w.kv_a, w.kv_a_bias)  # [T, R+Dr]
+    c_kv = rms_norm(kv[:, :r], w.kv_a_norm, LATENT_NORM_EPS)  # [T, R]
+    cos, sin = rope.for_positions(meta.positions, x.dtype)  # [T, 1, Dr]
+    q_pe = rotate(q_pe, cos, sin, w.rope_interleave)  # [T, NH, Dr]
+    k_pe = rotate(kv[:, None, r:], cos, sin, w.rope_interleave)[:, 0]  # [T, Dr]
+    flat = latent_cache.view(-1, r + dr)
+    flat.index_copy_(0, meta.slot_mapping, torch.cat([c_kv, k_pe], dim=-1))
+
+    out = torch.empty(t, nh, dv, dtype=x.dtype)  # [T, NH, Dv]
+    b = meta.num_decode
+    if b:
+        out[:b] = absorbed_decode(q_nope[:b], q_pe[:b], w, latent_cache, meta)
+    for start, n in meta.prefills:
+        sl = slice(start, start + n)
+        out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], c_kv[sl], k_pe[sl], w)
+    return linear(out.view(t, nh * dv), w.o, w.o_bias)  # [T, H]
+
+
+def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, latent_cache: Tensor, meta: BatchMeta) -> Tensor:
+    """q_nope [B, NH, Dn], q_pe [B, NH, Dr] -> [B, NH, Dv], reading latents through the block tables."""
+    b, r = q_nope.shape[0], w.kv_lora_rank
+    w_uk, w_uv = w.absorbed()  # [NH, Dn, R], [NH, Dv, R]
+    lat = latent_cache[meta.decode_block_tables].view(b, -1, w.latent_dim)  # [B, S, R+Dr]
+    c_kv, k_pe = lat[..., :r], lat[..., r:]  # [B, S, R], [B, S, Dr]
+    q_lat = torch.einsum("bnd,ndr->bnr", q_nope, w_uk)  # [B, NH, R]
+    scores = torch.einsum("bnr,bsr->bns", q_lat, c_kv) + torch.einsum("bnd,bsd->bns", q_pe, k_pe)  # [B, NH, S]
+    scores = (scores.float() * w.softmax_scale).masked_fill(~meta.decode_mask[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q_nope.dtype)  # [B, NH, S]
+    o_lat = torch.einsum("bns,bsr->bnr", probs, c_kv)  # [B, NH, R]
+    return torch.einsum("bnr,nvr->bnv", o_lat, w_uv)  # [B, NH, Dv]
+
+
+def expanded_prefill(q_nope: Tensor, q_pe: Tensor, c_kv: Tensor, k_pe: Tensor, w: MLAWeights) -> Tensor:
+    """One prefill of n tokens: q_nope [n, NH, Dn], q_pe [n, NH, Dr], c_kv [n, R], k_pe [n, Dr] -> [n, NH, Dv]."""
+    n, nh, dn = q_nope.shape[0], w.num_heads, w.qk_nope_head_dim
+    kv = (c_kv @ w.kv_b.t()).view(n, nh, dn + w.v_head_dim)  # [n, NH, Dn+Dv]
+    k = torch.cat([kv[..., :dn], k_pe[:, None, :].expand(n, nh, -1)], dim=-1)  # [n, NH, Dn+Dr]
+    v = kv[..., dn:]  # [n, NH, Dv]
+    q = torch.cat([q_nope, q_pe], dim=-1)  # [n, NH, Dn+Dr]
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=w.softmax_scale
+    )  # [NH, n, Dv]
+    return o.transpose(0, 1)

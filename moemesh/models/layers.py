@@ -1,0 +1,56 @@
+"""Small tensor functions shared by the decoders: RMSNorm, rotary embeddings, the dense SiLU MLP.
+
+Shape legend: T tokens, H hidden, D head dim, NH heads, I intermediate, P positions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x [..., D] -> [..., D]; normalizes in float32, scales in x.dtype (as transformers does)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class RotaryTable:
+    """cos, sin [P, D] in float32 for positions [0, P) (the default rope type)."""
+
+    cos: Tensor
+    sin: Tensor
+
+    @classmethod
+    def build(cls, head_dim: int, theta: float, max_positions: int) -> "RotaryTable":
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))  # [D/2]
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [P, D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+        return cls(cos=emb.cos(), sin=emb.sin())
+
+    def for_positions(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions [T] -> cos, sin [T, 1, D] in dtype (broadcast over heads)."""
+        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, NH, D], cos/sin [T, 1, D] -> [T, NH, D]."""
+    return x * cos + rotate_half(x) * sin
+
+
+def silu_mlp(x: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+    """Dense SwiGLU MLP. x [T, H], gate_up [2I, H] (gate rows then up rows), down [H, I] -> [T, H]."""
+    h = x @ gate_up.t()  # [T, 2I]
+    inter = h.shape[-1] // 2
+    return (F.silu(h[:, :inter]) * h[:, inter:]) @ down.t()
