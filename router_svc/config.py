@@ -1,0 +1,34 @@
+"""`RouterConfig`: every setting of the router service (flags and env overrides derive from it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moemesh.rpc.config import RpcConfig
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    attention: str = field(default="", metadata={"help": "comma-separated HOST:PORT of the attention replicas"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
+    model_dir: str = field(default="", metadata={"help": "model directory for the tokenizer (default: the one the replicas report)"})
+    model_name: str = field(default="", metadata={"help": "name clients may pass as `model` (default: the model directory's name)"})
+    max_running: int = field(default=256, metadata={"help": "streams served at once"})
+    max_queued: int = field(default=256, metadata={"help": "streams waiting for a slot; beyond it RESOURCE_EXHAUSTED"})
+    load_poll_s: float = field(default=0.2, metadata={"help": "how often to ask each replica for its load"})
+    connect_timeout_s: float = field(default=60.0, metadata={"help": "how long to wait for the replicas at start"})
+    rpc: RpcConfig = field(default_factory=lambda: RpcConfig(max_message_mb=4))
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
+        if self.load_poll_s <= 0:
+            raise ValueError(f"load_poll_s must be > 0, got {self.load_poll_s}")
+
+    @property
+    def attention_addresses(self) -> list[str]:
+        return [a.strip() for a in self.attention.split(",") if a.strip()]

@@ -1,0 +1,87 @@
+"""The router process: `create_server(cfg) -> (RouterServer, port)` and `serve(cfg)`.
+
+At start the router asks the attention replicas what model they serve (waiting for them up to
+`connect_timeout_s`), loads that model's tokenizer, then polls every replica's load.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from moemesh.rpc.server import MeshServer, Service, build_server, run_service
+from router_svc.admission import Admission
+from router_svc.attention_client import AttentionClient
+from router_svc.config import RouterConfig
+from router_svc.replicas import Replica, ReplicaSet
+from router_svc.router import Router
+from router_svc.servicer import SERVICE_NAME, GenerationServicer, add_to_server
+from router_svc.types import ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(model_dir: str):
+    """The model's tokenizer, or None when the directory has no tokenizer.json (token ids only)."""
+    from moemesh.tokenizer import Tokenizer
+
+    if not (Path(model_dir) / "tokenizer.json").is_file():
+        log.warning("%s has no tokenizer.json: the router accepts prompt_token_ids only", model_dir)
+        return None
+    return Tokenizer.from_model_dir(model_dir)
+
+
+class RouterServer:
+    """The gRPC server plus the replica clients and load poller it owns."""
+
+    def __init__(self, mesh: MeshServer, router: Router, clients: list[AttentionClient], poll_s: float) -> None:
+        self.mesh = mesh
+        self.router = router
+        self.clients = clients
+        self.poll_s = poll_s
+        self._poller: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.router.replicas.refresh(timeout=5.0)
+        self._poller = asyncio.create_task(self.router.replicas.poll_forever(self.poll_s))
+        await self.mesh.start()
+
+    async def shutdown(self, grace_s: float | None = None) -> None:
+        """Health NOT_SERVING, new calls UNAVAILABLE, in-flight streams get the grace period."""
+        await self.mesh.shutdown(grace_s)
+        if self._poller is not None:
+            self._poller.cancel()
+        for c in self.clients:
+            await c.close()
+
+
+async def create_server(cfg: RouterConfig) -> tuple[RouterServer, int]:
+    addresses = cfg.attention_addresses
+    if not addresses:
+        raise ValueError("attention: at least one attention replica address is required (--attention HOST:PORT,...)")
+    clients = [AttentionClient(a, cfg.rpc) for a in addresses]
+    info, model_dir = await clients[0].get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+    for c in clients[1:]:
+        other, _ = await c.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+        if other.vocab_size != info.vocab_size or other.architecture != info.architecture:
+            raise ValueError(f"attention: replica {c.address} serves a different model than {clients[0].address}")
+    tokenizer = load_tokenizer(cfg.model_dir or model_dir)
+    info = ModelInfo(**{**info.__dict__, "has_chat_template": bool(tokenizer and tokenizer.has_chat_template)})
+    replicas = ReplicaSet([Replica(c.address, c) for c in clients])
+    router = Router(info, replicas, Admission(cfg.max_running, cfg.max_queued), tokenizer)
+    mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME))
+    port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    return RouterServer(mesh, router, clients, cfg.load_poll_s), port
+
+
+def serve(cfg: RouterConfig, announce=print) -> None:
+    """Run the router until SIGTERM/SIGINT, then drain gracefully."""
+
+    async def main(stop: asyncio.Event) -> None:
+        server, port = await create_server(cfg)
+        await server.start()
+        announce(f"moemesh: router serving on {cfg.host}:{port}")
+        await stop.wait()
+        await server.shutdown()
+
+    run_service(main)

@@ -1,0 +1,133 @@
+"""`GenerationServicer`: moemesh.v1.Generation <-> `Router` (translation only).
+
+Generate's requests arrive as raw bytes and are parsed here, so a string field with invalid UTF-8
+gets INVALID_ARGUMENT naming the field rather than a generic deserialization failure.
+"""
+from __future__ import annotations
+
+import uuid
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from moemesh.rpc.protos import load
+from router_svc.errors import RequestError, invalid
+from router_svc.router import Router
+from router_svc.types import ChatTurn, Delta, GenerationInput, ModelInfo, SamplingSpec
+from router_svc.utf8 import find_bad_utf8
+
+pb, pb_grpc = load("generation")
+SERVICE_NAME = "moemesh.v1.Generation"
+
+
+def parse_request(raw: bytes):
+    try:
+        return pb.GenerateRequest.FromString(raw)
+    except DecodeError as exc:
+        try:
+            field = find_bad_utf8(pb.GenerateRequest.DESCRIPTOR, raw)
+        except ValueError:
+            field = None
+        if field:
+            raise invalid(f"{field}: not valid UTF-8") from exc
+        raise invalid(f"request: not a valid GenerateRequest ({exc})") from exc
+
+
+def _opt(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def to_input(req) -> GenerationInput:
+    which = req.WhichOneof("input")
+    sampling = SamplingSpec(
+        max_new_tokens=_opt(req, "max_new_tokens"),
+        temperature=_opt(req, "temperature"),
+        top_p=_opt(req, "top_p"),
+        top_k=_opt(req, "top_k"),
+        seed=_opt(req, "seed"),
+        stop_token_ids=tuple(req.stop_token_ids),
+        logprobs=req.logprobs,
+        prompt_logprobs=req.prompt_logprobs,
+        ignore_eos=req.ignore_eos,
+    )
+    return GenerationInput(
+        request_id=req.request_id or uuid.uuid4().hex,
+        model=req.model,
+        prompt=req.prompt if which == "prompt" else None,
+        prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
+        messages=tuple(ChatTurn(m.role, m.content) for m in req.messages.messages) if which == "messages" else None,
+        sampling=sampling,
+        stop=tuple(req.stop),
+    )
+
+
+def to_response(request_id: str, item):
+    if isinstance(item, Delta):
+        return pb.GenerateResponse(request_id=request_id, text=item.text, token_ids=item.token_ids, logprobs=item.logprobs)
+    return pb.GenerateResponse(
+        request_id=request_id,
+        finish_reason=item.finish_reason,
+        usage=pb.Usage(prompt_tokens=len(item.prompt_token_ids), completion_tokens=item.completion_tokens),
+        prompt_token_ids=item.prompt_token_ids,
+        prompt_logprobs=[pb.PromptLogprob(logprob=lp) for lp in item.prompt_logprobs],
+    )
+
+
+def info_to_proto(info: ModelInfo):
+    return pb.ModelInfo(
+        name=info.name,
+        architecture=info.architecture,
+        vocab_size=info.vocab_size,
+        max_context=info.max_context,
+        max_new_tokens_limit=info.max_new_tokens_limit,
+        eos_token_ids=info.eos_token_ids,
+        has_chat_template=info.has_chat_template,
+        num_experts=info.num_experts,
+        experts_per_token=info.experts_per_token,
+        num_layers=info.num_layers,
+    )
+
+
+class GenerationServicer:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def Generate(self, raw: bytes, context: grpc.aio.ServicerContext):
+        try:
+            inp = to_input(parse_request(raw))
+            async for item in self.router.generate(inp, timeout=context.time_remaining()):
+                yield to_response(inp.request_id, item)
+        except RequestError as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
+
+    async def Abort(self, request, context: grpc.aio.ServicerContext):
+        try:
+            found = await self.router.abort(request.request_id)
+        except RequestError as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        return pb.AbortResponse(found=found)
+
+    async def GetModelInfo(self, request, context: grpc.aio.ServicerContext):
+        return info_to_proto(self.router.info)
+
+
+def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
+    """Like the generated `add_GenerationServicer_to_server`, but Generate receives raw bytes."""
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            servicer.Generate,
+            request_deserializer=None,
+            response_serializer=pb.GenerateResponse.SerializeToString,
+        ),
+        "Abort": grpc.unary_unary_rpc_method_handler(
+            servicer.Abort,
+            request_deserializer=pb.AbortRequest.FromString,
+            response_serializer=pb.AbortResponse.SerializeToString,
+        ),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetModelInfo,
+            request_deserializer=pb.GetModelInfoRequest.FromString,
+            response_serializer=pb.ModelInfo.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

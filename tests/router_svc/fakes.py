@@ -1,0 +1,54 @@
+"""A scripted attention replica for router tests: emits given tokens, records closes and aborts."""
+from __future__ import annotations
+
+import asyncio
+
+from router_svc.types import LoadReport, SequenceUpdate
+
+
+class FakeAttention:
+    def __init__(self, tokens, finish_reason="length", delay_s=0.0, prompt_logprobs=()):
+        self.address = "fake"
+        self.tokens = list(tokens)
+        self.finish_reason = finish_reason
+        self.delay_s = delay_s
+        self.prompt_logprobs = tuple(prompt_logprobs)
+        self.specs = []
+        self.closed_early = []  # request ids whose stream was closed before finishing
+        self.aborted = []
+        self._abort_events: dict[str, asyncio.Event] = {}
+
+    async def generate(self, spec, timeout):
+        self.specs.append(spec)
+        ev = self._abort_events.setdefault(spec.request_id, asyncio.Event())
+        done = False
+        try:
+            for i, t in enumerate(self.tokens):
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                if ev.is_set():
+                    done = True
+                    yield SequenceUpdate(finish_reason="abort")
+                    return
+                last = i == len(self.tokens) - 1
+                yield SequenceUpdate(
+                    token_ids=(t,),
+                    logprobs=(-0.5,),
+                    finish_reason=self.finish_reason if last else "",
+                    prompt_logprobs=self.prompt_logprobs if i == 0 else (),
+                )
+            done = True
+        finally:
+            if not done:
+                self.closed_early.append(spec.request_id)
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+        ev = self._abort_events.get(request_id)
+        if ev is None:
+            return False
+        ev.set()
+        return True
+
+    async def get_load(self, timeout):
+        return LoadReport()
