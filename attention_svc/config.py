@@ -1,0 +1,51 @@
+"""`AttentionConfig`: every setting of an attention replica (flags and env overrides derive from it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moemesh.rpc.config import RpcConfig
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """An attention replica: the model's non-expert half, with experts on the mesh's expert servers."""
+
+    model_dir: str = field(default="", metadata={"help": "Hugging Face model directory"})
+    control: str = field(default="", metadata={"help": "control plane HOST:PORT (empty = compute experts in this process)"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
+    transport: str = field(default="grpc", metadata={"help": "expert transport", "choices": ("grpc", "dist")})
+    dtype: str = field(default="auto", metadata={"help": "compute dtype", "choices": ("auto", "float32", "bfloat16")})
+    experts_dtype: str = field(default="", metadata={"help": "expert weight format when computed in process (empty = as stored)"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
+    kv_cache_tokens: int = field(default=8192, metadata={"help": "KV cache capacity in tokens"})
+    max_num_seqs: int = field(default=64, metadata={"help": "sequences per step"})
+    max_num_batched_tokens: int = field(default=4096, metadata={"help": "tokens per step"})
+    max_model_len: int = field(default=0, metadata={"help": "context length (0 = the model's)"})
+    micro_batches: int = field(default=2, metadata={"help": "1, or 2 to overlap attention with the experts (ping-pong)"})
+    num_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = torch's default)"})
+    rpc: RpcConfig = field(default_factory=RpcConfig)
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise ValueError("model_dir is required (--model-dir DIR)")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_model_len < 0 or self.num_threads < 0:
+            raise ValueError("max_model_len and num_threads must be >= 0")
+
+    def engine_config(self):
+        from moemesh.engine import EngineConfig
+
+        return EngineConfig(
+            model_dir=self.model_dir,
+            dtype=self.dtype,
+            experts_dtype=self.experts_dtype or None,
+            block_size=self.block_size,
+            kv_cache_tokens=self.kv_cache_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len or None,
+            micro_batches=self.micro_batches,
+            num_threads=self.num_threads or None,
+        )

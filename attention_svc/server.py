@@ -1,0 +1,62 @@
+"""The attention replica process: `create_server(cfg) -> (AttentionServer, port)` and `serve(cfg)`."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from attention_svc.config import AttentionConfig
+from attention_svc.experts import ExpertBackend, open_experts
+from attention_svc.replica import AttentionReplica
+from attention_svc.servicer import SERVICE_NAME, AttentionServicer, pb_grpc
+from attention_svc.step_loop import StepLoop
+from moemesh.rpc.server import MeshServer, Service, build_server, run_service
+
+
+class AttentionServer:
+    """The gRPC server, the engine's step loop and the expert backend it owns."""
+
+    def __init__(self, mesh: MeshServer, replica: AttentionReplica, experts: ExpertBackend) -> None:
+        self.mesh = mesh
+        self.replica = replica
+        self.experts = experts
+        self._loop_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self.replica.loop.run())
+        await self.mesh.start()
+
+    async def shutdown(self, grace_s: float | None = None) -> None:
+        """Health NOT_SERVING and no new sequences; running ones get the grace period to finish."""
+        self.replica.serving = False
+        await self.mesh.shutdown(grace_s)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        self.replica.loop.close()
+        await self.experts.close()
+
+
+async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
+    from moemesh.engine import LLMEngine
+
+    experts = await open_experts(cfg)
+    engine = await asyncio.to_thread(LLMEngine, cfg.engine_config(), experts.compute)
+    replica = AttentionReplica(engine, StepLoop(engine), experts.placement_version)
+    mesh = build_server(cfg.rpc, Service(pb_grpc.add_AttentionServicer_to_server, AttentionServicer(replica), SERVICE_NAME))
+    port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    await experts.register(f"{cfg.host}:{port}")
+    return AttentionServer(mesh, replica, experts), port
+
+
+def serve(cfg: AttentionConfig, announce=print) -> None:
+    """Run the replica until SIGTERM/SIGINT, then drain gracefully."""
+
+    async def main(stop: asyncio.Event) -> None:
+        server, port = await create_server(cfg)
+        await server.start()
+        announce(f"moemesh: attention serving on {cfg.host}:{port}")
+        await stop.wait()
+        await server.shutdown()
+
+    run_service(main)
