@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moemesh.config import ConfigError, ModelConfig, common_fields, rope_fields
+from moemesh.models.deepseek_v3.mla import latent_slot_width
 
 
 def rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +85,9 @@ def parse_config(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig
     fields = common_fields(raw, generation)
     mla = MLAConfig.from_raw(raw)
     gate = GroupedGateConfig.from_raw(raw)
-    fields.update(num_kv_heads=fields["num_heads"], head_dim=mla.qk_head_dim, sliding_window=None)
+    # The KV cache holds one latent (c_kv, k_pe) per token, split across the engine's k and v tensors.
+    width = latent_slot_width(mla.kv_lora_rank + mla.qk_rope_head_dim)
+    fields.update(num_kv_heads=1, head_dim=width, sliding_window=None)
     return ModelConfig(
         **fields,
         num_experts=int(raw.get("n_routed_experts") or 0),

@@ -2,10 +2,14 @@
 
 Shape legend: T tokens, H hidden, NH heads, Rq q_lora_rank, R kv_lora_rank, Dn qk_nope_head_dim,
 Dr qk_rope_head_dim, Dv v_head_dim, B decoding sequences, S cached positions per decoding sequence,
-n prefill length. Latent cache of one layer: [num_blocks, BS, R + Dr] (c_kv then k_pe, per token).
+n prefill length, L = R + Dr latent width, W = ceil(L / 2).
 
 What the cache holds: per token only `c_kv` [R] (after kv_a_layernorm) and the rotated shared key
 `k_pe` [Dr]: R + Dr numbers (576 for DeepSeek-V3) instead of NH * (Dn + Dr + Dv) for expanded heads.
+
+Where it lives: the engine allocates each layer's cache as a (k, v) pair of [num_blocks, BS, KVH, D];
+the DeepSeek config sets KVH = 1 and D = W, and `LatentCache` stores a token's latent across the pair
+(its first W numbers in k, the rest in v), so no slot is wasted on an unused value tensor.
 
 How attention reads it:
   * decode steps use the *absorbed* form: q_nope is folded through kv_b's key half (W_UK) into the
@@ -70,6 +74,38 @@ class MLAWeights:
         return kv_b[:, :dn], kv_b[:, dn:]
 
 
+def latent_slot_width(latent_dim: int) -> int:
+    """W: the per-token width of each of k and v holding a latent of `latent_dim` numbers."""
+    return (latent_dim + 1) // 2
+
+
+@dataclass(frozen=True)
+class LatentCache:
+    """A layer's (k, v) pair [num_blocks, BS, 1, W] seen as one latent cache of width L <= 2W."""
+
+    k: Tensor
+    v: Tensor
+    width: int
+
+    def __post_init__(self) -> None:
+        w = self.k.shape[-1]
+        if self.k.shape != self.v.shape or self.k.shape[-2] != 1 or w != latent_slot_width(self.width):
+            raise ValueError(f"latent cache: k, v must be [blocks, BS, 1, ceil({self.width}/2)], got {list(self.k.shape)}")
+
+    def write(self, slots: Tensor, latent: Tensor) -> None:
+        """slots [T] flat slot ids; latent [T, L]."""
+        w = self.k.shape[-1]
+        self.k.view(-1, w).index_copy_(0, slots, latent[:, :w])
+        self.v.view(-1, w)[:, : self.width - w].index_copy_(0, slots, latent[:, w:])
+
+    def gather(self, block_tables: Tensor) -> Tensor:
+        """block_tables [B, NB] -> latents [B, S, L] of those blocks' slots."""
+        b, w = block_tables.shape[0], self.k.shape[-1]
+        k = self.k[block_tables].view(b, -1, w)  # [B, S, W]
+        v = self.v[block_tables].view(b, -1, w)[..., : self.width - w]  # [B, S, L-W]
+        return torch.cat([k, v], dim=-1)
+
+
 def linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return F.linear(x, w, b)
 
@@ -87,8 +123,8 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
     return apply_rope_interleaved(x, cos, sin) if interleave else apply_rope(x, cos, sin)
 
 
-def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, latent_cache: Tensor) -> Tensor:
-    """x [T, H] -> [T, H]; writes this step's latents (c_kv, k_pe) into latent_cache first."""
+def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, cache: LatentCache) -> Tensor:
+    """x [T, H] -> [T, H]; writes this step's latents (c_kv, k_pe) into the cache first."""
     t = x.shape[0]
     nh, r, dn, dr, dv = w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim
     q = queries(x, w)  # [T, NH, Dn+Dr]
@@ -98,28 +134,27 @@ def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, 
     cos, sin = rope.for_positions(meta.positions, x.dtype)  # [T, 1, Dr]
     q_pe = rotate(q_pe, cos, sin, w.rope_interleave)  # [T, NH, Dr]
     k_pe = rotate(kv[:, None, r:], cos, sin, w.rope_interleave)[:, 0]  # [T, Dr]
-    flat = latent_cache.view(-1, r + dr)
-    flat.index_copy_(0, meta.slot_mapping, torch.cat([c_kv, k_pe], dim=-1))
+    cache.write(meta.slot_mapping, torch.cat([c_kv, k_pe], dim=-1))
 
     out = torch.empty(t, nh, dv, dtype=x.dtype)  # [T, NH, Dv]
     b = meta.num_decode
     if b:
-        out[:b] = absorbed_decode(q_nope[:b], q_pe[:b], w, latent_cache, meta)
+        out[:b] = absorbed_decode(q_nope[:b], q_pe[:b], w, cache.gather(meta.decode_block_tables), meta.decode_mask)
     for start, n in meta.prefills:
         sl = slice(start, start + n)
         out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], c_kv[sl], k_pe[sl], w)
     return linear(out.view(t, nh * dv), w.o, w.o_bias)  # [T, H]
 
 
-def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, latent_cache: Tensor, meta: BatchMeta) -> Tensor:
-    """q_nope [B, NH, Dn], q_pe [B, NH, Dr] -> [B, NH, Dv], reading latents through the block tables."""
-    b, r = q_nope.shape[0], w.kv_lora_rank
+def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, lat: Tensor, mask: Tensor) -> Tensor:
+    """q_nope [B, NH, Dn], q_pe [B, NH, Dr], cached latents lat [B, S, R+Dr], mask [B, S] (True = attend)
+    -> [B, NH, Dv]."""
+    r = w.kv_lora_rank
     w_uk, w_uv = w.absorbed()  # [NH, Dn, R], [NH, Dv, R]
-    lat = latent_cache[meta.decode_block_tables].view(b, -1, w.latent_dim)  # [B, S, R+Dr]
     c_kv, k_pe = lat[..., :r], lat[..., r:]  # [B, S, R], [B, S, Dr]
     q_lat = torch.einsum("bnd,ndr->bnr", q_nope, w_uk)  # [B, NH, R]
     scores = torch.einsum("bnr,bsr->bns", q_lat, c_kv) + torch.einsum("bnd,bsd->bns", q_pe, k_pe)  # [B, NH, S]
-    scores = (scores.float() * w.softmax_scale).masked_fill(~meta.decode_mask[:, None, :], float("-inf"))
+    scores = (scores.float() * w.softmax_scale).masked_fill(~mask[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q_nope.dtype)  # [B, NH, S]
     o_lat = torch.einsum("bns,bsr->bnr", probs, c_kv)  # [B, NH, R]
     return torch.einsum("bnr,nvr->bnv", o_lat, w_uv)  # [B, NH, Dv]

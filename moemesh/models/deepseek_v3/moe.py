@@ -1,0 +1,92 @@
+"""The MoE block of DeepSeek-V3 / Kimi-K2 / GLM-4.5: grouped sigmoid gate, routed experts through the
+`ExpertCompute` seam, shared experts.
+
+Shape legend: T tokens, H hidden, E experts, K top-k, N rows sent to the experts, Is shared intermediate.
+
+Where the shared experts run: on the attention side, as a dense SwiGLU MLP next to the gate. Every
+token uses them, so sending them to an expert server would ship all T rows one more time per layer
+for no saving; here they are computed *after* the routed rows have been submitted and before the
+block yields, so in the mesh they overlap with the remote experts' work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generator
+
+import torch
+from torch import Tensor
+
+from moemesh.checkpoint import CheckpointReader
+from moemesh.config import ModelConfig
+from moemesh.models.deepseek_v3.config import GroupedGateConfig
+from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
+from moemesh.models.layers import silu_mlp
+from moemesh.moe.combine import combine
+from moemesh.moe.dispatch import make_plan
+from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.knobs import LayerKnobs
+
+
+@dataclass(frozen=True)
+class DenseMLP:
+    """gate_up [2I, H] (gate rows then up rows), down [H, I]."""
+
+    gate_up: Tensor
+    down: Tensor
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return silu_mlp(x, self.gate_up, self.down)
+
+
+def load_dense_mlp(reader: CheckpointReader, prefix: str, hidden: int, inter: int, dtype: torch.dtype) -> DenseMLP:
+    gate = reader.get(f"{prefix}.gate_proj.weight", shape=(inter, hidden), dtype=dtype)
+    up = reader.get(f"{prefix}.up_proj.weight", shape=(inter, hidden), dtype=dtype)
+    down = reader.get(f"{prefix}.down_proj.weight", shape=(hidden, inter), dtype=dtype)
+    return DenseMLP(torch.cat([gate, up]), down)
+
+
+@dataclass(frozen=True)
+class GroupedMoE:
+    """router [E, H] and correction_bias [E] in float32 (the gate runs in float32); shared experts."""
+
+    router: Tensor
+    correction_bias: Tensor | None
+    shared: DenseMLP | None
+
+
+def load_grouped_moe(
+    reader: CheckpointReader, layer: int, cfg: ModelConfig, gate: GroupedGateConfig, dtype: torch.dtype
+) -> GroupedMoE:
+    p = f"model.layers.{layer}.mlp"
+    e, h = cfg.num_experts, cfg.hidden_size
+    bias_name = f"{p}.gate.e_score_correction_bias"
+    shared = None
+    if gate.n_shared_experts:
+        shared = load_dense_mlp(reader, f"{p}.shared_experts", h, cfg.moe_intermediate_size * gate.n_shared_experts, dtype)
+    return GroupedMoE(
+        router=reader.get(f"{p}.gate.weight", shape=(e, h), dtype=torch.float32),
+        correction_bias=reader.get(bias_name, shape=(e,), dtype=torch.float32) if reader.has(bias_name) else None,
+        shared=shared,
+    )
+
+
+def moe_block(
+    h: Tensor, layer: int, moe: GroupedMoE, cfg: ModelConfig, gate: GroupedGateConfig, knobs: LayerKnobs, experts: ExpertCompute
+) -> Generator[None, None, Tensor]:
+    """h [T, H] (post-attention-normed) -> [T, H]. Yields once, while the routed experts compute."""
+    logits = h.float() @ moe.router.t()  # [T, E]
+    routing = grouped_topk(
+        logits,
+        knobs.top_k or cfg.top_k,
+        gate.n_group,
+        gate.topk_group,
+        moe.correction_bias,
+        cfg.norm_topk_prob,
+        gate.routed_scaling_factor,
+    )  # [T, K]
+    plan = make_plan(routing, cfg.num_experts, knobs.capacity_factor)
+    future = experts.submit(layer, h[plan.token_idx], plan.expert_ids, plan.counts)  # rows [N, H]
+    shared = moe.shared(h) if moe.shared is not None else None  # overlaps with the routed experts
+    yield
+    out = combine(future.result(), plan, h.shape[0])  # [T, H]
+    return out if shared is None else out + shared
