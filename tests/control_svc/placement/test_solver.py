@@ -58,7 +58,7 @@ def test_better_balance_than_initial_on_skewed_load(a):
     assert solved.version == initial.version + 1
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(st.integers(0, 10_000), st.floats(1.0, 2.0))
 def test_few_moves_on_small_load_change(seed, a):
     servers = [ServerBudget(f"gpu{i}", 5) for i in range(8)]

@@ -1,0 +1,133 @@
+"""`ServiceMetrics`: the mesh's Prometheus metrics for one service instance, in its own registry.
+
+Metric names (every one labelled `service`, the service kind: router|attention|expert|control):
+
+| name | type | labels | set by |
+| --- | --- | --- | --- |
+| `moemesh_expert_tokens_total` | counter | layer, expert | read from the `ExpertLoadCounter` at scrape |
+| `moemesh_queue_depth` | gauge | | `set_queue_depth` |
+| `moemesh_busy_seconds_total` | counter | | `add_busy` / `with busy():` |
+| `moemesh_step_seconds` | histogram | | `observe_step` |
+| `moemesh_batch_size` | histogram | | `observe_step` |
+| `moemesh_gpu_available` | gauge | | read from the `GpuTelemetry` at scrape |
+| `moemesh_gpu_utilization_ratio` | gauge | | idem, 0..1 |
+| `moemesh_gpu_memory_used_bytes`, `moemesh_gpu_memory_total_bytes` | gauge | | idem |
+| `moemesh_gpu_power_watts` | gauge | | idem |
+| `moemesh_placement_balancedness` | gauge | | `set_placement` (control plane) |
+| `moemesh_placement_version` | gauge | | `set_placement` |
+
+The autoscalers (`deploy/k8s`) read `moemesh_queue_depth` and the rate of
+`moemesh_busy_seconds_total` (busy seconds per second: the busy fraction).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from moemesh.telemetry.exporter import MetricsServer
+from moemesh.telemetry.gpu import GpuTelemetry
+from moemesh.telemetry.load_counter import ExpertLoadCounter
+
+SERVICES = ("router", "attention", "expert", "control")
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class _ScrapeCollector:
+    """Reads the load counter and the GPU when Prometheus scrapes, so the hot path never touches them."""
+
+    def __init__(self, service: str, load: ExpertLoadCounter | None, gpu: GpuTelemetry | None) -> None:
+        self.service, self.load, self.gpu = service, load, gpu
+
+    def collect(self):
+        if self.load is not None:
+            fam = CounterMetricFamily(
+                "moemesh_expert_tokens", "Tokens routed to each (layer, expert)", labels=["service", "layer", "expert"]
+            )
+            totals = self.load.totals().tolist()
+            for layer, row in zip(self.load.layer_ids, totals):
+                for e, n in enumerate(row):
+                    fam.add_metric([self.service, str(layer), str(e)], n)
+            yield fam
+        if self.gpu is not None:
+            s = self.gpu.read()
+            for name, doc, value in (
+                ("moemesh_gpu_available", "1 when NVML answers for this service's GPU", 1.0 if s.available else 0.0),
+                ("moemesh_gpu_utilization_ratio", "GPU busy fraction over NVML's last sample period", s.utilization),
+                ("moemesh_gpu_memory_used_bytes", "GPU memory in use", float(s.memory_used_bytes)),
+                ("moemesh_gpu_memory_total_bytes", "GPU memory in total", float(s.memory_total_bytes)),
+                ("moemesh_gpu_power_watts", "GPU power draw", s.power_watts),
+            ):
+                g = GaugeMetricFamily(name, doc, labels=["service"])
+                g.add_metric([self.service], value)
+                yield g
+
+
+class ServiceMetrics:
+    """The metrics of one service instance. All methods are thread-safe and cheap.
+
+        m = ServiceMetrics("expert", load=counter, gpu=GpuTelemetry.for_device("cuda:0"))
+        server = m.serve(port)           # /metrics on `port` (0 = ephemeral); server.port, server.stop()
+        m.set_queue_depth(3)
+        with m.busy():                    # counts the block's wall time as busy
+            ...
+        m.observe_step(seconds=0.012, batch_size=48)
+    """
+
+    def __init__(self, service: str, *, load: ExpertLoadCounter | None = None, gpu: GpuTelemetry | None = None) -> None:
+        if service not in SERVICES:
+            raise ValueError(f"service must be one of {SERVICES}, got {service!r}")
+        self.service = service
+        self.load = load
+        self.gpu = gpu
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, lab = self.registry, ["service"]
+        self._queue = Gauge("moemesh_queue_depth", "Requests or expert batches waiting", lab, registry=r).labels(service)
+        self._busy = Counter("moemesh_busy_seconds", "Seconds spent computing", lab, registry=r).labels(service)
+        self._step = Histogram("moemesh_step_seconds", "Duration of one step", lab, buckets=STEP_BUCKETS, registry=r).labels(service)
+        self._batch = Histogram("moemesh_batch_size", "Tokens per step", lab, buckets=BATCH_BUCKETS, registry=r).labels(service)
+        self._balance = Gauge("moemesh_placement_balancedness", "Mean/max per-server expert load", lab, registry=r).labels(service)
+        self._version = Gauge("moemesh_placement_version", "Placement version in force", lab, registry=r).labels(service)
+        r.register(_ScrapeCollector(service, load, gpu))
+
+    def set_queue_depth(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"queue depth must be >= 0, got {n}")
+        self._queue.set(n)
+
+    def add_busy(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"busy seconds must be >= 0, got {seconds}")
+        self._busy.inc(seconds)
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._busy.inc(time.perf_counter() - t0)
+
+    def observe_step(self, seconds: float, batch_size: int) -> None:
+        if seconds < 0 or batch_size < 0:
+            raise ValueError(f"step seconds and batch_size must be >= 0, got {seconds}, {batch_size}")
+        self._step.observe(seconds)
+        self._batch.observe(batch_size)
+
+    def set_placement(self, version: int, balancedness: float) -> None:
+        if version < 0 or not 0.0 <= balancedness <= 1.0:
+            raise ValueError(f"version must be >= 0 and balancedness in [0, 1], got {version}, {balancedness}")
+        self._version.set(version)
+        self._balance.set(balancedness)
+
+    def render(self) -> bytes:
+        """The text exposition format, as `/metrics` serves it."""
+        return generate_latest(self.registry)
+
+    def serve(self, port: int = 0, host: str = "0.0.0.0") -> MetricsServer:
+        """Start `/metrics` on `host:port` (0 = ephemeral) on a daemon thread; returns the running server."""
+        return MetricsServer(self.registry, port, host)
