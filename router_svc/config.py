@@ -8,6 +8,8 @@ from moemesh.rpc.config import RpcConfig
 
 @dataclass(frozen=True)
 class RouterConfig:
+    """The router: the public Generation API in front of the attention replicas."""
+
     attention: str = field(default="", metadata={"help": "comma-separated HOST:PORT of the attention replicas"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
@@ -17,7 +19,7 @@ class RouterConfig:
     max_queued: int = field(default=256, metadata={"help": "streams waiting for a slot; beyond it RESOURCE_EXHAUSTED"})
     load_poll_s: float = field(default=0.2, metadata={"help": "how often to ask each replica for its load"})
     connect_timeout_s: float = field(default=60.0, metadata={"help": "how long to wait for the replicas at start"})
-    rpc: RpcConfig = field(default_factory=lambda: RpcConfig(max_message_mb=4))
+    rpc: RpcConfig = field(default_factory=RpcConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

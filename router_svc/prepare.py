@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from dataclasses import replace
 
 from router_svc.errors import RequestError, invalid, out_of_range
 from router_svc.types import GenerationInput, ModelInfo, SamplingSpec, SequenceSpec
@@ -31,9 +32,16 @@ class RequestPreparer:
         self._check_model(req.model)
         request_id = self._request_id(req.request_id)
         ids = self._prompt_ids(req)
-        self._check_sampling(req.sampling)
+        self._check_sampling(req.sampling, len(ids))
         self._check_stops(req.stop)
-        return SequenceSpec(request_id=request_id, prompt_token_ids=ids, sampling=req.sampling)
+        return SequenceSpec(request_id=request_id, prompt_token_ids=ids, sampling=self._with_eos(req.sampling))
+
+    def _with_eos(self, s: SamplingSpec) -> SamplingSpec:
+        """The tokenizer's EOS ids stop generation too (as in `moemesh run`), unless ignore_eos."""
+        if self.tokenizer is None or s.ignore_eos:
+            return s
+        extra = tuple(t for t in self.tokenizer.eos_token_ids if t not in s.stop_token_ids)
+        return replace(s, stop_token_ids=s.stop_token_ids + extra) if extra else s
 
     def _check_model(self, model: str) -> None:
         if model and model != self.info.name:
@@ -94,13 +102,18 @@ class RequestPreparer:
             if not 0 <= t < self.info.vocab_size:
                 raise invalid(f"{field}[{i}]: {t} is not a token id (vocabulary size {self.info.vocab_size})")
 
-    def _check_sampling(self, s: SamplingSpec) -> None:
+    def _check_sampling(self, s: SamplingSpec, prompt_len: int) -> None:
         if s.max_new_tokens is not None:
             if s.max_new_tokens < 1:
                 raise invalid(f"max_new_tokens: must be >= 1, got {s.max_new_tokens}")
             if s.max_new_tokens > self.info.max_new_tokens_limit:
                 raise out_of_range(
                     f"max_new_tokens: {s.max_new_tokens} is beyond the limit of {self.info.max_new_tokens_limit}"
+                )
+            if prompt_len + s.max_new_tokens > self.info.max_context:
+                raise out_of_range(
+                    f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({s.max_new_tokens}) exceeds "
+                    f"the model's context of {self.info.max_context} tokens"
                 )
         if s.temperature is not None and not (math.isfinite(s.temperature) and s.temperature >= 0):
             raise invalid(f"temperature: must be a finite number >= 0 (0 = greedy), got {s.temperature}")

@@ -63,3 +63,16 @@ def test_text_needs_a_tokenizer(info):
 
 def test_long_text_prompt_is_out_of_range(info, tokenizer):
     rejects(RequestPreparer(info, tokenizer), "OUT_OF_RANGE", "prompt", prompt="The quick brown fox. " * 40)
+
+
+def test_prompt_plus_max_new_tokens_beyond_context_is_out_of_range(info):
+    rejects(RequestPreparer(info), "OUT_OF_RANGE", "max_new_tokens",
+            prompt_token_ids=(5,) * 40, sampling=SamplingSpec(max_new_tokens=30))
+
+
+def test_tokenizer_eos_stops_generation_unless_ignored(info, tokenizer):
+    prep = RequestPreparer(info, tokenizer)
+    spec = prep.prepare(GenerationInput(prompt_token_ids=(5,), sampling=SamplingSpec(stop_token_ids=(7,))))
+    assert spec.sampling.stop_token_ids == (7, *tokenizer.eos_token_ids)
+    spec = prep.prepare(GenerationInput(prompt_token_ids=(5,), sampling=SamplingSpec(ignore_eos=True)))
+    assert spec.sampling.stop_token_ids == ()

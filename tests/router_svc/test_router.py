@@ -101,6 +101,6 @@ def test_stream_without_finish_is_unavailable(info, tokenizer):
 def test_sampling_reaches_the_replica(info, tokenizer):
     fake = FakeAttention([10])
     router = make_router(info, tokenizer, fake)
-    s = SamplingSpec(max_new_tokens=3, temperature=0.0, top_p=0.9, top_k=5, seed=1, logprobs=True)
+    s = SamplingSpec(max_new_tokens=3, temperature=0.0, top_p=0.9, top_k=5, seed=1, logprobs=True, ignore_eos=True)
     asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,), sampling=s)))
     assert fake.specs[0].sampling == s
