@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moemesh.models.layers.grouped_topk import grouped_topk
+from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
 
 
 def literal_grouped_topk(logits, bias, top_k, n_group, topk_group, norm, scale):
