@@ -48,6 +48,11 @@ class FP8BlockExperts:
     fmt = "fp8"
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The storage dtype (never a compute dtype, so `w.gate_up.dtype == x.dtype` is False)."""
+        return torch.float8_e4m3fn
+
+    @property
     def shape(self) -> torch.Size:
         return self.weight.shape
 

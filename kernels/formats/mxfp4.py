@@ -47,6 +47,11 @@ class MXFP4Experts:
         check_segments(self.blocks.shape[1], self.segments)
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The storage dtype (never a compute dtype, so `w.gate_up.dtype == x.dtype` is False)."""
+        return torch.uint8
+
+    @property
     def shape(self) -> torch.Size:
         return torch.Size((self.blocks.shape[0], self.blocks.shape[1], self.k))
 

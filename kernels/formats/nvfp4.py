@@ -60,6 +60,11 @@ class NVFP4Experts:
             check_shape(self.input_scale, (e, self.segments), "input_scale")
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The storage dtype (never a compute dtype, so `w.gate_up.dtype == x.dtype` is False)."""
+        return torch.uint8
+
+    @property
     def shape(self) -> torch.Size:
         return torch.Size((self.weight.shape[0], self.weight.shape[1], self.k))
 

@@ -1,0 +1,98 @@
+"""The torch implementation of the grouped expert MLP (any device; the CPU path).
+
+Per chunk of experts: dequantize their weights into the compute dtype (x.dtype), then one grouped
+matmul per projection over the rows grouped by expert (`torch._grouped_mm` with row offsets, which
+takes zero-row experts). Dense weights already in x.dtype, with experts in ascending order, are used
+in place over all E (no gather, no copy). Nothing is cached between calls.
+
+Shape legend:
+  N rows grouped by expert, G experts in the call (order of expert_idx), E experts held,
+  H hidden, I intermediate.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels.experts import ExpertWeights, apply_activation, dequantized
+
+DEQUANT_BUDGET_BYTES = 256 * 2**20  # dequantized weights held at once, per call
+GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _matmul_grouped(x: Tensor, w_t: Tensor, counts: list[int]) -> Tensor:
+    """x [n, K], w_t [g, K, M] (transposed weights), counts [g] summing to n -> [n, M]."""
+    if x.dtype in GROUPED_MM_DTYPES and w_t.dtype == x.dtype:
+        offs = torch.tensor(counts, dtype=torch.int32, device=x.device).cumsum(0, dtype=torch.int32)
+        return torch._grouped_mm(x, w_t, offs=offs)
+    out = x.new_empty(x.shape[0], w_t.shape[-1])
+    start = 0
+    for j, n in enumerate(counts):
+        if n:
+            out[start : start + n] = x[start : start + n] @ w_t[j]
+            start += n
+    return out
+
+
+def _row_bias(bias: Tensor | None, experts: Tensor, counts: list[int], dtype: torch.dtype) -> Tensor | None:
+    """bias [E, M] -> [n, M]: each row's expert bias."""
+    if bias is None:
+        return None
+    reps = torch.tensor(counts, device=bias.device)
+    return bias.index_select(0, experts.to(bias.device)).to(dtype).repeat_interleave(reps, dim=0)
+
+
+def _run(x: Tensor, gate_up_t: Tensor, down_t: Tensor, experts: Tensor, counts: list[int], w: ExpertWeights) -> Tensor:
+    """x [n, H]; gate_up_t [g, H, 2I]; down_t [g, I, H] -> [n, H]."""
+    h = _matmul_grouped(x, gate_up_t, counts)  # [n, 2I]
+    b = _row_bias(w.gate_up_bias, experts, counts, x.dtype)
+    if b is not None:
+        h = h + b
+    h = apply_activation(h, w.activation)  # [n, I]
+    y = _matmul_grouped(h, down_t, counts)  # [n, H]
+    b = _row_bias(w.down_bias, experts, counts, x.dtype)
+    return y if b is None else y + b
+
+
+def _in_place_dense(w: ExpertWeights, dtype: torch.dtype, expert_idx: Tensor) -> bool:
+    return (
+        isinstance(w.gate_up, Tensor)
+        and isinstance(w.down, Tensor)
+        and w.gate_up.dtype == dtype
+        and w.down.dtype == dtype
+        and dtype in GROUPED_MM_DTYPES
+        and (expert_idx.numel() < 2 or bool((expert_idx[1:] > expert_idx[:-1]).all()))
+    )
+
+
+def grouped_expert_mlp_torch(x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights) -> Tensor:
+    """x [N, H] grouped by expert; expert_idx [G]; counts [G] -> [N, H] in x.dtype."""
+    counts_list = [int(c) for c in counts.tolist()]
+    if any(c < 0 for c in counts_list) or sum(counts_list) != x.shape[0]:
+        raise ValueError(f"counts: must be non-negative and sum to N={x.shape[0]}, got {counts_list}")
+    experts = expert_idx.to(torch.long)
+    if x.shape[0] == 0:
+        return torch.empty_like(x)
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= w.num_experts):
+        raise ValueError(f"expert_idx: indices must lie in [0, {w.num_experts})")
+    if _in_place_dense(w, x.dtype, experts):
+        full = [0] * w.num_experts  # rows per held expert; experts without rows get an empty group
+        for e, n in zip(experts.tolist(), counts_list):
+            full[e] = n
+        all_e = torch.arange(w.num_experts, device=x.device)
+        return _run(x, w.gate_up.transpose(1, 2), w.down.transpose(1, 2), all_e, full, w)
+    active = [(e, n) for e, n in zip(experts.tolist(), counts_list) if n]
+    per_expert = 3 * w.intermediate_size * w.hidden_size * x.element_size()
+    chunk = max(1, DEQUANT_BUDGET_BYTES // per_expert)
+    out = torch.empty_like(x)
+    start = 0
+    for c in range(0, len(active), chunk):
+        part = active[c : c + chunk]
+        ids = torch.tensor([e for e, _ in part], device=x.device)
+        rows = [n for _, n in part]
+        n = sum(rows)
+        gate_up = dequantized(w.gate_up, x.dtype, ids)  # [g, 2I, H]
+        down = dequantized(w.down, x.dtype, ids)  # [g, H, I]
+        out[start : start + n] = _run(x[start : start + n], gate_up.transpose(1, 2), down.transpose(1, 2), ids, rows, w)
+        start += n
+    return out
