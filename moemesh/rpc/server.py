@@ -43,6 +43,7 @@ class MeshServer:
         self.service_names = tuple(s.name for s in services)
         self.server = grpc.aio.server(options=cfg.server_options())
         self.health = health.aio.HealthServicer()
+        self._cleanups: list[Callable[[], None]] = []
         for s in services:
             s.add(s.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -66,20 +67,28 @@ class MeshServer:
         for name in ("", *self.service_names):
             await self.health.set(name, status)
 
+    def add_cleanup(self, fn: Callable[[], None]) -> None:
+        """Run `fn()` once the server has stopped (release pools, stores, files)."""
+        self._cleanups.append(fn)
+
     async def shutdown(self, grace_s: float | None = None) -> None:
-        """Health NOT_SERVING, refuse new calls, give in-flight ones `grace_s`, stop."""
+        """Health NOT_SERVING, refuse new calls, give in-flight ones `grace_s`, stop, clean up."""
         await self.set_serving(False)
-        await self.server.stop(self.cfg.shutdown_grace_s if grace_s is None else grace_s)
+        await self.stop(self.cfg.shutdown_grace_s if grace_s is None else grace_s)
 
     async def stop(self, grace: float | None) -> None:
         await self.server.stop(grace)
+        cleanups, self._cleanups = self._cleanups, []
+        for fn in reversed(cleanups):
+            fn()
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:
         return await self.server.wait_for_termination(timeout)
 
 
 def build_server(cfg: RpcConfig, *services: Service) -> MeshServer:
-    """A server with `services`, health, reflection and cfg's message limits and keepalive."""
+    """A server with `services`, health, reflection and cfg's message limits and keepalive.
+    Build it on the event loop that will run it (inside a coroutine, or before `asyncio.run` ends)."""
     return MeshServer(cfg, services)
 
 

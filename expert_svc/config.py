@@ -1,0 +1,61 @@
+"""`ExpertServerConfig`: everything an expert server is started with (flags and env derive from it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moemesh.rpc.config import RpcConfig
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+EXPERT_DTYPES = ("bf16", "fp8", "mxfp4", "nvfp4")
+TRANSPORTS = ("grpc", "dist", "auto")
+PRELOAD = ("none", "all")
+
+
+@dataclass(frozen=True)
+class ExpertServerConfig:
+    """An expert server: (layer, expert) shards of one model on one device."""
+
+    model_dir: str = field(metadata={"help": "Hugging Face model directory (safetensors are memory-mapped)"})
+    device: str = field(default="cpu", metadata={"help": "cpu or cuda:N"})
+    dtype: str = field(default="auto", metadata={"help": "compute dtype; auto = the checkpoint's", "choices": DTYPES})
+    experts_dtype: str | None = field(default=None, metadata={"help": "expert weight format", "choices": EXPERT_DTYPES})
+    host: str = field(default="127.0.0.1", metadata={"help": "interface to bind"})
+    port: int = field(default=0, metadata={"help": "gRPC port; 0 picks a free one"})
+    advertise_addr: str | None = field(default=None, metadata={"help": "host:port others dial; default host:bound port"})
+    control_addr: str | None = field(default=None, metadata={"help": "control plane host:port; none = standalone"})
+    slot_budget: int = field(default=0, metadata={"help": "most (layer, expert) copies to hold; 0 = no limit"})
+    memory_bytes: int = field(default=0, metadata={"help": "memory offered for experts, reported to the control plane; 0 = unknown"})
+    preload: str = field(default="none", metadata={"help": "experts to load at start: none (wait for the control plane) or all", "choices": PRELOAD})
+    transport: str = field(default="auto", metadata={"help": "offer the torch.distributed transport (dist|auto) or gRPC only", "choices": TRANSPORTS})
+    dist_port: int = field(default=0, metadata={"help": "TCPStore port of the dist transport; 0 picks a free one"})
+    dist_timeout_s: float = field(default=60.0, metadata={"help": "forming a dist pair group or one transfer may take this long"})
+    drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight work gets this long"})
+    compute_threads: int = field(default=1, metadata={"help": "Forward calls computed concurrently"})
+    rpc: RpcConfig = RpcConfig()
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise ValueError("model_dir must name a model directory")
+        if not (self.device == "cpu" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ValueError(f"device must be cpu or cuda:N, got {self.device!r}")
+        for name in ("port", "dist_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
+        for name in ("slot_budget", "memory_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("drain_timeout_s", "dist_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.compute_threads < 1:
+            raise ValueError(f"compute_threads must be >= 1, got {self.compute_threads}")
+        if self.advertise_addr is not None and ":" not in self.advertise_addr:
+            raise ValueError(f"advertise_addr must be host:port, got {self.advertise_addr!r}")
+        for name in ("dtype", "experts_dtype", "transport", "preload"):
+            choices = {"dtype": DTYPES, "experts_dtype": EXPERT_DTYPES + (None,), "transport": TRANSPORTS, "preload": PRELOAD}[name]
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {[c for c in choices if c]}, got {getattr(self, name)!r}")
+
+    @property
+    def offers_dist(self) -> bool:
+        return self.transport in ("dist", "auto")

@@ -1,0 +1,63 @@
+"""Assembling an expert server: device, shard, dist hub, servicer, gRPC server.
+
+    server, port = create_server(cfg)     # bound, not started
+    await server.start()
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from expert_svc.config import ExpertServerConfig
+from expert_svc.dist_hub import DistHub
+from expert_svc.servicer import ExpertServicer, expert_grpc
+from expert_svc.shard import ExpertShard
+from moemesh.rpc.server import MeshServer, Service, build_server
+
+SERVICE_NAME = "moemesh.v1.ExpertService"
+
+
+@dataclass
+class ExpertServerParts:
+    server: MeshServer
+    port: int
+    shard: ExpertShard
+    dist: DistHub | None
+    cfg: ExpertServerConfig
+
+    @property
+    def address(self) -> str:
+        return self.cfg.advertise_addr or f"{self.cfg.host}:{self.port}"
+
+
+def select_device(spec: str) -> torch.device:
+    """torch.device for "cpu" / "cuda:N"; for CUDA, makes N the current device before any allocation."""
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available() or device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {spec!r} is not available on this machine")
+        torch.cuda.set_device(device.index)
+    return device
+
+
+def build_expert_server(cfg: ExpertServerConfig) -> ExpertServerParts:
+    device = select_device(cfg.device)
+    shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget)
+    if cfg.preload == "all":
+        shard.load_all()
+    dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s) if cfg.offers_dist else None
+    pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
+    servicer = ExpertServicer(shard, pool, cfg.rpc.max_message_bytes, dist)
+    server = build_server(cfg.rpc, Service(expert_grpc.add_ExpertServiceServicer_to_server, servicer, SERVICE_NAME))
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    server.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))
+    if dist is not None:
+        server.add_cleanup(dist.close)
+    return ExpertServerParts(server, port, shard, dist, cfg)
+
+
+def create_server(cfg: ExpertServerConfig) -> tuple[MeshServer, int]:
+    parts = build_expert_server(cfg)
+    return parts.server, parts.port

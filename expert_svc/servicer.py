@@ -1,0 +1,120 @@
+"""`ExpertServicer`: moemesh.v1.ExpertService <-> `ExpertShard`. Translation and status codes only."""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import torch
+
+from expert_svc.dist_hub import CLIENT_RANK, DistHub
+from expert_svc.errors import BadForward, OverBudget, UnknownExperts
+from expert_svc.shard import ExpertShard
+from moemesh.rpc.protos import load
+from moemesh.transport.codec import CodecError, decode, encode, parse_dtype, check_shape
+
+expert_pb2, expert_grpc = load("expert")
+
+STATUS = {
+    UnknownExperts: grpc.StatusCode.FAILED_PRECONDITION,
+    BadForward: grpc.StatusCode.INVALID_ARGUMENT,
+    CodecError: grpc.StatusCode.INVALID_ARGUMENT,
+    OverBudget: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def status_of(e: Exception) -> grpc.StatusCode | None:
+    for cls, code in STATUS.items():
+        if isinstance(e, cls):
+            return code
+    return None
+
+
+def expert_set(held: dict[int, tuple[int, ...]]):
+    return expert_pb2.ExpertSet(experts=[expert_pb2.LayerExperts(layer=l, expert_ids=es) for l, es in held.items()])
+
+
+class ExpertServicer(expert_grpc.ExpertServiceServicer):
+    def __init__(self, shard: ExpertShard, pool: ThreadPoolExecutor, max_message_bytes: int, dist: DistHub | None = None):
+        self.shard = shard
+        self.pool = pool
+        self.max_bytes = max_message_bytes
+        self.dist = dist
+
+    async def _run(self, context, fn, *args):
+        """fn(*args) on the compute pool; domain errors become their gRPC status."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        except (UnknownExperts, BadForward, CodecError, OverBudget) as e:
+            await context.abort(status_of(e), str(e))
+
+    async def Forward(self, request, context):
+        self.shard.stats.enter()
+        try:
+            if request.HasField("dist"):
+                await self._run(context, self._forward_dist, request)
+                return expert_pb2.ForwardResponse()
+            if not request.HasField("x"):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x is missing (and dist is not set)")
+            try:
+                x = decode(request.x, field="x", max_bytes=self.max_bytes, ndim=2)
+            except CodecError as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            y = await self._run(context, self.shard.forward, request.layer, x, list(request.expert_ids), list(request.counts))
+            return expert_pb2.ForwardResponse(y=encode(y))
+        finally:
+            self.shard.stats.leave()
+
+    def _forward_dist(self, request) -> None:
+        """Receive x over the link, compute, send y back with the same tag (runs on the pool)."""
+        d = request.dist
+        if self.dist is None:
+            raise BadForward("dist: this server offers no torch.distributed transport")
+        try:
+            link = self.dist.link(d.link_id)
+        except KeyError:
+            raise BadForward(f"dist.link_id {d.link_id!r} is unknown: call OpenDistLink first") from None
+        shape = check_shape(list(d.shape), "dist")
+        if len(shape) != 2:
+            raise BadForward(f"dist.shape {list(shape)} must have 2 dimensions")
+        x = link.recv(shape, parse_dtype(d.dtype, "dist"), d.tag)  # [N, H]
+        try:
+            y = self.shard.forward(request.layer, x, list(request.expert_ids), list(request.counts))
+        except Exception:
+            link.send(torch.zeros_like(x), d.tag)  # the client is waiting on this tag: release it, then report
+            raise
+        link.send(y, d.tag)
+
+    async def LoadExperts(self, request, context):
+        for le in request.experts:
+            await self._run(context, self.shard.load, le.layer, list(le.expert_ids))
+        return expert_set(self.shard.held())
+
+    async def DropExperts(self, request, context):
+        for le in request.experts:
+            await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
+        return expert_set(self.shard.held())
+
+    async def GetStats(self, request, context):
+        return stats_message(self.shard, reset=request.reset)
+
+    async def OpenDistLink(self, request, context):
+        if self.dist is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this server offers no torch.distributed transport (transport=grpc)")
+        try:
+            link_id = self.dist.open(request.client_id, request.host_id)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return expert_pb2.OpenDistLinkResponse(link_id=link_id, store_addr=self.dist.addr, backend=self.dist.backend, client_rank=CLIENT_RANK)
+
+
+def stats_message(shard: ExpertShard, reset: bool = False):
+    snap = shard.stats.snapshot(reset=reset)
+    return expert_pb2.ExpertStats(
+        loads=[expert_pb2.ExpertLoad(layer=l, expert_id=e, tokens=n) for (l, e), n in sorted(snap.tokens.items())],
+        queue_depth=snap.queue_depth,
+        busy_seconds=snap.busy_seconds,
+        requests=snap.requests,
+        window_seconds=snap.window_seconds,
+        held=expert_set(shard.held()),
+    )

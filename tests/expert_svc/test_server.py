@@ -1,0 +1,100 @@
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from kernels import grouped_expert_mlp
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.protos import load
+from moemesh.rpc.server import make_channel
+from moemesh.transport.codec import decode, encode
+from tests.expert_svc.fixtures import all_weights, routed_rows, running_expert_servers
+
+expert_pb2, expert_grpc = load("expert")
+
+
+def call(loop, port, method, request, **kw):
+    async def go():
+        async with make_channel(f"127.0.0.1:{port}", RpcConfig()) as ch:
+            return await getattr(expert_grpc.ExpertServiceStub(ch), method)(request, timeout=20, **kw)
+
+    return loop.run(go(), 30)
+
+
+def forward_request(layer, x, ids, counts):
+    req = expert_pb2.ForwardRequest(layer=layer, placement_version=1, expert_ids=ids.tolist(), counts=counts.tolist())
+    encode(x, out=req.x)
+    return req
+
+
+def test_forward_over_grpc_equals_grouped_gemm(moe_dir, loop):
+    cfg, weights = all_weights(moe_dir)
+    with running_expert_servers(moe_dir, 1, loop, preload="all", transport="grpc") as (srv,):
+        for layer in cfg.moe_layers:
+            x, ids, counts = routed_rows(17, [7, 0, 3], seed=layer)
+            y = decode(call(loop, srv.port, "Forward", forward_request(layer, x, ids, counts)).y)
+            torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[layer]), rtol=0, atol=0)
+        bf = torch.randn(5, 64).to(torch.bfloat16)
+        ids, counts = torch.tensor([2]), torch.tensor([5])
+        y = decode(call(loop, srv.port, "Forward", forward_request(0, bf, ids, counts)).y)
+        assert y.dtype == torch.bfloat16
+        torch.testing.assert_close(y, grouped_expert_mlp(bf.float(), ids, counts, weights[0]).to(torch.bfloat16), rtol=0, atol=0)
+        stats = call(loop, srv.port, "GetStats", expert_pb2.GetStatsRequest())
+        assert stats.requests == len(cfg.moe_layers) + 1
+        assert sum(l.tokens for l in stats.loads) == 17 * len(cfg.moe_layers) + 5
+
+
+def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop):
+    cfg, weights = all_weights(moe_dir)
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
+        x, ids, counts = routed_rows(6, [4, 5])
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            call(loop, srv.port, "Forward", forward_request(1, x, ids, counts))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "layer 1" in e.value.details()
+        held = call(loop, srv.port, "LoadExperts", expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[4, 5, 6])]))
+        assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 5, 6])]
+        y = decode(call(loop, srv.port, "Forward", forward_request(1, x, ids, counts)).y)
+        torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[1]), rtol=0, atol=0)
+        held = call(loop, srv.port, "DropExperts", expert_pb2.DropExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[5])]))
+        assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 6])]
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            call(loop, srv.port, "Forward", forward_request(1, x, ids, counts))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "experts [5]" in e.value.details()
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda r: r.x.__setattr__("dtype", "pickle"), "x.dtype"),
+        (lambda r: r.x.__setattr__("data", r.x.data[:-4]), "x.data"),
+        (lambda r: r.ClearField("x"), "x is missing"),
+        (lambda r: r.counts.append(1), "counts has"),
+        (lambda r: r.__setattr__("layer", 9), "layer 9"),
+    ],
+)
+def test_garbage_requests_are_invalid_argument(moe_dir, loop, mutate, match):
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+        x, ids, counts = routed_rows(4, [1])
+        req = forward_request(0, x, ids, counts)
+        mutate(req)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            call(loop, srv.port, "Forward", req)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and match in e.value.details()
+
+
+def test_health_and_reflection(moe_dir, loop):
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
+        async def go():
+            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+                h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="moemesh.v1.ExpertService"))
+                names = []
+                async for resp in reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                ):
+                    names += [s.name for s in resp.list_services_response.service]
+                return h.status, names
+
+        status, names = loop.run(go(), 30)
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        assert "moemesh.v1.ExpertService" in names and "grpc.reflection.v1alpha.ServerReflection" in names

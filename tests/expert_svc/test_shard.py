@@ -1,0 +1,77 @@
+import pytest
+import torch
+
+from expert_svc.errors import BadForward, OverBudget, UnknownExperts
+from expert_svc.shard import ExpertShard
+from kernels import grouped_expert_mlp
+from tests.expert_svc.fixtures import all_weights, routed_rows
+
+
+def make_shard(moe_dir, **kw):
+    return ExpertShard.from_model_dir(str(moe_dir), "auto", torch.device("cpu"), **kw)
+
+
+def test_forward_matches_grouped_gemm_on_a_subset(moe_dir):
+    cfg, weights = all_weights(moe_dir)
+    layer = cfg.moe_layers[1]
+    shard = make_shard(moe_dir)
+    assert shard.load(layer, [6, 1, 3]) == (1, 3, 6)
+    x, ids, counts = routed_rows(20, [6, 1])
+    got = shard.forward(layer, x, ids.tolist(), counts.tolist())
+    want = grouped_expert_mlp(x, ids, counts, weights[layer])  # logical ids index the full set
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    snap = shard.stats.snapshot()
+    assert snap.tokens == {(layer, e): n for e, n in zip([6, 1], counts.tolist()) if n}
+    assert sum(snap.tokens.values()) == 20
+    assert snap.requests == 1
+
+
+def test_unknown_experts_are_named(moe_dir):
+    shard = make_shard(moe_dir)
+    shard.load(0, [0, 1])
+    x, ids, counts = routed_rows(4, [1, 5])
+    with pytest.raises(UnknownExperts, match=r"layer 0: experts \[5\]"):
+        shard.forward(0, x, ids.tolist(), counts.tolist())
+    with pytest.raises(UnknownExperts, match="layer 1"):
+        shard.forward(1, x, ids.tolist(), counts.tolist())
+
+
+def test_live_load_and_drop_keep_results_exact(moe_dir):
+    cfg, weights = all_weights(moe_dir)
+    shard = make_shard(moe_dir)
+    shard.load(0, [2])
+    x, ids, counts = routed_rows(9, [2, 7])
+    shard.load(0, [7])
+    torch.testing.assert_close(shard.forward(0, x, ids.tolist(), counts.tolist()), grouped_expert_mlp(x, ids, counts, weights[0]), rtol=0, atol=0)
+    assert shard.drop(0, [2, 4]) == (7,)
+    with pytest.raises(UnknownExperts):
+        shard.forward(0, x, ids.tolist(), counts.tolist())
+    assert shard.drop(0, [7]) == () and shard.held() == {}
+
+
+def test_slot_budget(moe_dir):
+    shard = make_shard(moe_dir, slot_budget=3)
+    shard.load(0, [0, 1])
+    with pytest.raises(OverBudget, match="slot_budget is 3"):
+        shard.load(1, [0, 1])
+    shard.load(1, [5])
+    assert shard.slots_used() == 3
+
+
+@pytest.mark.parametrize(
+    "layer, x, ids, counts, match",
+    [
+        (0, torch.zeros(3, 64), [0], [2], "counts sum to 2"),
+        (0, torch.zeros(3, 32), [0], [3], r"x must be \[N, 64\]"),
+        (0, torch.zeros(3, 64), [0, 1], [3], "counts has 1"),
+        (0, torch.zeros(3, 64), [0, 0], [1, 2], "each expert once"),
+        (0, torch.zeros(3, 64), [9], [3], r"expert_ids \[9\]"),
+        (0, torch.zeros(3, 64, dtype=torch.int32), [0], [3], "x.dtype"),
+        (5, torch.zeros(3, 64), [0], [3], "layer 5 is not a MoE layer"),
+    ],
+)
+def test_bad_requests_name_the_field(moe_dir, layer, x, ids, counts, match):
+    shard = make_shard(moe_dir)
+    shard.load(0, [0, 1])
+    with pytest.raises(BadForward, match=match):
+        shard.forward(layer, x, ids, counts)
