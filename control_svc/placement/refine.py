@@ -10,30 +10,41 @@ import torch
 from control_svc.placement.pack import LayerPacker
 
 
-def _best_step(st: LayerPacker, groups: list[int], weights: list[float]) -> tuple[float, list[tuple[int, int]]] | None:
-    """The move or swap off the busiest server that leaves the pair's larger load lowest.
-    Returns (that load, [(item, destination server), ...]) or None when nothing lowers it."""
+def _best_step(st: LayerPacker, groups: torch.Tensor, weights: torch.Tensor) -> list[tuple[int, int]] | None:
+    """The move (one copy) or swap (two copies) off the busiest server that leaves the larger of
+    the two servers' loads lowest; a move wins a tie. Returns [(item, destination), ...] or None
+    when nothing lowers the busiest server's load. Vectorised over items `[m]` on that server,
+    servers `[S]` and all items `[P]`."""
+    inf = torch.tensor(float("inf"), dtype=torch.float64)
     s = int(torch.argmax(st.load))
-    peak = float(st.load[s])
-    best: tuple[float, list[tuple[int, int]]] | None = None
-    for j in st.items_on[s]:
-        gj, wj = groups[j], weights[j]
-        for t in range(len(st.free)):
-            if t == s or st.on[gj, t]:
-                continue
-            lt = float(st.load[t])
-            if st.free[t] > 0:
-                cost = max(peak - wj, lt + wj)
-                if cost < peak - 1e-12 and (best is None or cost < best[0]):
-                    best = (cost, [(j, t)])
-            for k in st.items_on[t]:
-                gk, wk = groups[k], weights[k]
-                if wk >= wj or st.on[gk, s]:
-                    continue
-                cost = max(peak - wj + wk, lt + wj - wk)
-                if cost < peak - 1e-12 and (best is None or cost < best[0]):
-                    best = (cost, [(j, t), (k, s)])
-    return best
+    peak = st.load[s]
+    mine = torch.nonzero(st.server == s).reshape(-1)
+    if len(mine) == 0:
+        return None
+    wj, gj = weights[mine], groups[mine]
+    ok_move = ~st.on[gj] & (st.free > 0).unsqueeze(0)
+    ok_move[:, s] = False
+    move = torch.where(ok_move, torch.maximum(peak - wj[:, None], st.load[None, :] + wj[:, None]), inf)
+    tk = st.server
+    ok_swap = (
+        (tk != s)[None, :]
+        & (weights[None, :] < wj[:, None])
+        & ~st.on[groups, s][None, :]
+        & ~st.on[gj[:, None], tk[None, :]]
+    )
+    swap = torch.where(
+        ok_swap,
+        torch.maximum(peak - wj[:, None] + weights[None, :], st.load[tk][None, :] + wj[:, None] - weights[None, :]),
+        inf,
+    )
+    best_move, best_swap = move.min(), swap.min()
+    if min(float(best_move), float(best_swap)) >= float(peak) - 1e-12:
+        return None
+    if best_move <= best_swap:
+        j, t = divmod(int(torch.argmin(move)), move.shape[1])
+        return [(int(mine[j]), t)]
+    j, k = divmod(int(torch.argmin(swap)), swap.shape[1])
+    return [(int(mine[j]), int(tk[k])), (k, s)]
 
 
 def incremental(
@@ -47,6 +58,7 @@ def incremental(
     (or swaps) copies off the busiest server while its load drops, at most `max_steps` steps.
     Returns the assignment `[P]` (server index per copy) after the repair and after every step.
     """
+    weights = weights.to(torch.float64)
     num_items = len(weights)
     wl, gl = weights.tolist(), groups.tolist()
     st = LayerPacker(slots, held.shape[0], num_items)
@@ -67,12 +79,12 @@ def incremental(
             st.augment(i, gl, wl)
     snapshots = [st.server.clone()]
     for _ in range(max_steps):
-        step = _best_step(st, gl, wl)
+        step = _best_step(st, groups, weights)
         if step is None:
             break
-        for j, _dst in step[1]:
+        for j, _dst in step:
             st.remove(j, gl[j], wl[j])
-        for j, dst in step[1]:
+        for j, dst in step:
             st.place(j, gl[j], wl[j], dst)
         snapshots.append(st.server.clone())
     return snapshots

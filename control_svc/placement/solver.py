@@ -149,16 +149,16 @@ def solve(
     new: dict[int, Row] = {}
     for row_i, layer in enumerate(layers):
         g, wt, hl = phy2log[row_i], weights[row_i], held[row_i]
-        options: list[tuple[float, int, Row]] = []  # (peak server load, copies moved, row)
+        options: list[tuple[float, int, torch.Tensor | None]] = []  # (peak load, copies moved, assignment[P])
         for a in [fresh[row_i], *incremental(wt, g, hl, budget, max_steps=num_physical)]:
             peak = float(torch.zeros(len(servers), dtype=torch.float64).index_add_(0, a, wt).max())
-            moved = int((~hl[g, a]).sum())
-            options.append((peak, moved, _row(g, a, old_rows[row_i], ids, num_experts)))
+            options.append((peak, int((~hl[g, a]).sum()), a))
         old = old_rows[row_i]
         if _row_valid(old, servers, num_experts, num_physical):
-            options.append((_peak(w[row_i], old, ids), 0, old))
+            options.append((_peak(w[row_i], old, ids), 0, None))
         limit = (1 + tolerance) * min(o[0] for o in options)
-        new[layer] = min((o for o in options if o[0] <= limit), key=lambda o: (o[1], o[0]))[2]
+        chosen = min((o for o in options if o[0] <= limit), key=lambda o: (o[1], o[0]))[2]
+        new[layer] = old if chosen is None else _row(g, chosen, old, ids, num_experts)
     if current is not None:
         merged = dict(current.replicas)
         merged.update(new)
