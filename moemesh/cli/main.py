@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS = [
     "moemesh.cli.run",
     "moemesh.cli.demo_model",
+    "moemesh.cli.serve", "moemesh.cli.up", "moemesh.cli.generate", "moemesh.cli.demo", "moemesh.cli.bench",
 ]
 
 
