@@ -1,0 +1,59 @@
+"""`moemesh serve router|attention|expert|control [flags]`: run one service of the mesh.
+
+Each service's flags (and `MOEMESH_<SERVICE>_*` env overrides) derive from its frozen config
+dataclass through `moemesh.svc_config`. The service's own `serve(cfg)` runs it until SIGTERM/SIGINT.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# service -> (config class, serve function), as "module:attribute"
+SERVICES = {
+    "router": ("router_svc.config:RouterConfig", "router_svc.server:serve"),
+    "attention": ("attention_svc.config:AttentionConfig", "attention_svc.server:serve"),
+    "expert": ("expert_svc.config:ExpertServerConfig", "expert_svc.server:serve"),
+    "control": ("control_svc.config:ControlConfig", "control_svc.server:serve"),
+}
+
+
+def resolve(spec: str):
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def register(subparsers) -> None:
+    from moemesh.svc_config import add_arguments
+
+    p = subparsers.add_parser("serve", help="run one service of the mesh (router, attention, expert, control)")
+    services = p.add_subparsers(dest="service", required=True, metavar="SERVICE")
+    for name, (config_spec, serve_spec) in SERVICES.items():
+        try:
+            cls = resolve(config_spec)
+        except (ImportError, AttributeError) as e:
+            sp = services.add_parser(name, help=f"(unavailable: {e})")
+            sp.set_defaults(func=lambda ns, n=name, err=e: unavailable(n, err))
+            continue
+        doc = (cls.__doc__ or "").strip().splitlines()
+        sp = services.add_parser(name, help=doc[0] if doc else f"the {name} service")
+        add_arguments(sp, cls, name)
+        sp.set_defaults(func=lambda ns, n=name, c=cls, s=serve_spec: run(ns, n, c, s))
+
+
+def unavailable(name: str, err: Exception) -> int:
+    print(f"moemesh serve {name}: error: this service cannot be loaded ({err})", file=sys.stderr)
+    return 2
+
+
+def run(ns: argparse.Namespace, name: str, cls, serve_spec: str) -> int:
+    from moemesh.svc_config import from_sources
+
+    fields = argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("command", "service", "func")})
+    try:
+        cfg = from_sources(cls, name, fields)
+    except ValueError as e:
+        print(f"moemesh serve {name}: error: {e}", file=sys.stderr)
+        return 2
+    resolve(serve_spec)(cfg)
+    return 0

@@ -1,0 +1,69 @@
+"""`moemesh up`: the whole mesh on this machine, as separate processes, until SIGINT/SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+EXPERT_DTYPES = ("bf16", "fp8", "mxfp4", "nvfp4")
+
+
+def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `up`, `demo` and `bench --mesh`."""
+    p.add_argument("--model", default=None, metavar="DIR", help="Hugging Face model directory (default: the demo model)")
+    p.add_argument("--expert-servers", type=int, default=2, metavar="N")
+    p.add_argument("--attention-replicas", type=int, default=1, metavar="N")
+    p.add_argument("--experts-dtype", choices=EXPERT_DTYPES, default=None, help="expert weight format (default: as stored)")
+    p.add_argument("--transport", choices=("grpc", "dist"), default="grpc", help="attention <-> expert transport")
+    p.add_argument("--attention-threads", type=int, default=0, metavar="N", help="torch threads per attention replica (0 = default)")
+    p.add_argument("--start-timeout", type=float, default=600.0, metavar="S", help="how long each service may take to start")
+    p.add_argument("--log-dir", default=None, metavar="DIR", help="where the services' logs go (default: a temp dir)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("up", help="start the whole mesh on this machine (control, experts, attention, router)")
+    add_mesh_arguments(p)
+    p.add_argument("--port", type=int, default=0, metavar="P", help="the router's port (0 = any free port)")
+    p.set_defaults(func=run)
+
+
+def mesh_spec(ns: argparse.Namespace, port: int = 0):
+    from moemesh.launcher.mesh import MeshSpec
+
+    model = ns.model
+    if model is None:
+        from moemesh.demo_model import ensure_demo_model
+
+        model = str(ensure_demo_model())
+    return MeshSpec(
+        model_dir=model, expert_servers=ns.expert_servers, attention_replicas=ns.attention_replicas,
+        experts_dtype=ns.experts_dtype, transport=ns.transport, port=port,
+        start_timeout_s=ns.start_timeout, attention_threads=ns.attention_threads,
+    )
+
+
+def run(ns: argparse.Namespace) -> int:
+    from moemesh.launcher.mesh import Mesh, MeshFailed
+
+    try:
+        mesh = Mesh(mesh_spec(ns, ns.port), ns.log_dir)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"moemesh up: error: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        router, control = mesh.start()
+    except MeshFailed as e:
+        print(f"moemesh up: error: {e}", file=sys.stderr)
+        return 1
+    print(f"moemesh: serving router={router} control={control}", flush=True)
+    dead = mesh.watch(stop)
+    mesh.stop()
+    if dead is not None:
+        print(f"moemesh up: error: {dead.name} exited with {dead.poll()}; stopped the mesh. Last log lines:\n{dead.log_tail()}",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,30 @@
+"""Waiting for a service to answer grpc.health.v1 with SERVING."""
+from __future__ import annotations
+
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class ChildExited(RuntimeError):
+    """A child process exited while the launcher waited for it."""
+
+
+def wait_serving(address: str, timeout_s: float, alive=lambda: True) -> None:
+    """Polls `address` until SERVING; raises ChildExited if `alive()` turns False, TimeoutError at the end."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if not alive():
+                raise ChildExited(address)
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} was not serving after {timeout_s:.0f}s")
+            time.sleep(0.1)

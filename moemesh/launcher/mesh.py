@@ -1,0 +1,125 @@
+"""`Mesh`: the whole mesh on this machine as child processes.
+
+    start: control -> expert servers -> attention replicas -> router, each healthy before the next
+    watch: until asked to stop or a child exits on its own
+    stop:  SIGTERM all (router first, so streams drain), then SIGKILL what is left
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from moemesh.launcher.child import Child, stop_all
+from moemesh.launcher.health import ChildExited, wait_serving
+from moemesh.launcher.ports import free_port
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    model_dir: str
+    expert_servers: int = 2
+    attention_replicas: int = 1
+    experts_dtype: str | None = None
+    transport: str = "grpc"
+    host: str = "127.0.0.1"
+    port: int = 0  # the router's; 0 = any free port
+    start_timeout_s: float = 300.0
+    grace_s: float = 10.0
+    attention_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.expert_servers < 1:
+            raise ValueError(f"expert_servers must be >= 1, got {self.expert_servers}")
+        if self.attention_replicas < 1:
+            raise ValueError(f"attention_replicas must be >= 1, got {self.attention_replicas}")
+        if self.transport not in ("grpc", "dist"):
+            raise ValueError(f"transport must be grpc or dist, got {self.transport!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+
+class MeshFailed(RuntimeError):
+    """A child failed to start or exited on its own; the message carries its log tail."""
+
+
+def serve_argv(service: str, flags: dict[str, object]) -> list[str]:
+    argv = [sys.executable, "-m", "moemesh.cli.main", "serve", service]
+    for name, value in flags.items():
+        if value is not None and value != "":
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+class Mesh:
+    def __init__(self, spec: MeshSpec, log_dir: Path | None = None) -> None:
+        self.spec = spec
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="moemesh-up-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[Child] = []
+        self.router_addr = ""
+        self.control_addr = ""
+
+    def _spawn(self, name: str, service: str, flags: dict[str, object]) -> str:
+        s = self.spec
+        port = flags.pop("port", None) or free_port(s.host)
+        address = f"{s.host}:{port}"
+        child = Child(name, serve_argv(service, {"host": s.host, "port": port, **flags}), self.log_dir / f"{name}.log")
+        self.children.append(child)
+        return address
+
+    def _wait(self, addresses: list[str]) -> None:
+        for child, address in zip(self.children[-len(addresses):], addresses):
+            try:
+                wait_serving(address, self.spec.start_timeout_s, alive=lambda c=child: c.poll() is None)
+            except (ChildExited, TimeoutError) as exc:
+                raise MeshFailed(f"{child.name} did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
+
+    def start(self) -> tuple[str, str]:
+        """Starts every service; returns (router, control) addresses. On failure stops what started."""
+        s = self.spec
+        try:
+            self.control_addr = self._spawn("control", "control", {"model_dir": s.model_dir, "expected_servers": s.expert_servers})
+            self._wait([self.control_addr])
+            experts = [
+                self._spawn(f"expert-{i}", "expert", {
+                    "model_dir": s.model_dir, "control_addr": self.control_addr,
+                    "experts_dtype": s.experts_dtype, "transport": "auto" if s.transport == "dist" else "grpc",
+                })
+                for i in range(s.expert_servers)
+            ]
+            self._wait(experts)
+            attention = [
+                self._spawn(f"attention-{i}", "attention", {
+                    "model_dir": s.model_dir, "control": self.control_addr, "transport": s.transport,
+                    "num_threads": s.attention_threads or None,
+                })
+                for i in range(s.attention_replicas)
+            ]
+            self._wait(attention)
+            self.router_addr = self._spawn("router", "router", {
+                "port": s.port or None, "attention": ",".join(attention), "model_dir": s.model_dir,
+            })
+            self._wait([self.router_addr])
+        except BaseException:
+            self.stop()
+            raise
+        return self.router_addr, self.control_addr
+
+    def exited(self) -> Child | None:
+        """The first child that has exited, if any."""
+        return next((c for c in self.children if c.poll() is not None), None)
+
+    def watch(self, stop: threading.Event, poll_s: float = 0.2) -> Child | None:
+        """Blocks until `stop` is set (returns None) or a child exits (returns it)."""
+        while not stop.wait(poll_s):
+            dead = self.exited()
+            if dead is not None:
+                return dead
+        return None
+
+    def stop(self) -> None:
+        """Router first (its streams drain), then the rest; no child outlives this call."""
+        stop_all(list(reversed(self.children)), self.spec.grace_s)
