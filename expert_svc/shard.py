@@ -41,8 +41,9 @@ class LayerShard:
 
 
 def weights_to(w: ExpertWeights, device: torch.device) -> ExpertWeights:
-    """Every tensor field of `w` moved to `device`."""
-    moved = {f.name: getattr(w, f.name).to(device) for f in dataclasses.fields(w) if isinstance(getattr(w, f.name), Tensor)}
+    """Every tensor field of `w` (dense tensors and kernels.formats quantized experts) moved to `device`."""
+    values = {f.name: getattr(w, f.name) for f in dataclasses.fields(w)}
+    moved = {name: v.to(device) for name, v in values.items() if v is not None and callable(getattr(v, "to", None))}
     return dataclasses.replace(w, **moved)
 
 

@@ -1,16 +1,1 @@
-import pytest
-
-from moemesh.rpc.loop_thread import LoopThread
-from tests.expert_svc.fixtures import tiny_moe_dir
-
-
-@pytest.fixture(scope="session")
-def moe_dir(tmp_path_factory):
-    return tiny_moe_dir(tmp_path_factory.mktemp("ckpt"))
-
-
-@pytest.fixture
-def loop():
-    lt = LoopThread("test-loop")
-    yield lt
-    lt.close()
+from tests.expert_svc.fixtures import loop, moe_dir  # noqa: F401  (pytest fixtures)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
 from expert_svc.config import ExpertServerConfig
@@ -61,3 +62,17 @@ def running_expert_servers(model_dir: Path, n: int, loop: LoopThread, **override
     finally:
         for p in parts:
             loop.run(p.server.shutdown(0.5), 30)
+
+
+@pytest.fixture(scope="session")
+def moe_dir(tmp_path_factory):
+    """Import into a conftest or test module to use: the tiny MoE checkpoint directory."""
+    return tiny_moe_dir(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture
+def loop():
+    """A background event loop for servers and aio clients, closed after the test."""
+    lt = LoopThread("test-loop")
+    yield lt
+    lt.close()

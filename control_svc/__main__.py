@@ -1,0 +1,5 @@
+import sys
+
+from control_svc.serve import main
+
+sys.exit(main())

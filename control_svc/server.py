@@ -1,0 +1,56 @@
+"""Assembling the control plane: model shape, plane, servicer, gRPC server.
+
+    server, port = create_server(cfg)     # bound, not started; build it on the loop that runs it
+    await server.start()
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from control_svc.config import ControlConfig
+from control_svc.expert_ops import GrpcExpertOps
+from control_svc.plane import ControlPlane
+from control_svc.servicer import ControlServicer
+from control_svc.wire import control_grpc
+from moemesh.config import ModelConfig
+from moemesh.rpc.server import MeshServer, Service, build_server
+
+SERVICE_NAME = "moemesh.v1.ControlService"
+
+
+@dataclass
+class ControlServerParts:
+    server: MeshServer
+    port: int
+    plane: ControlPlane
+    ops: GrpcExpertOps
+    cfg: ControlConfig
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.host}:{self.port}"
+
+
+def build_control_server(cfg: ControlConfig) -> ControlServerParts:
+    model = ModelConfig.from_model_dir(cfg.model_dir)
+    if model.num_experts <= 0:
+        raise ValueError(f"model_dir {cfg.model_dir!r} holds a dense model: no experts to place")
+    ops = GrpcExpertOps(cfg.rpc, cfg.prepare_timeout_s)
+    plane = ControlPlane(
+        model.moe_layers,
+        model.num_experts,
+        cfg.expected_expert_servers,
+        ops,
+        cfg.heartbeat_interval_s,
+        cfg.dead_after_s,
+        cfg.prepare_timeout_s,
+        cfg.release_timeout_s,
+    )
+    server = build_server(cfg.rpc, Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(plane), SERVICE_NAME))
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    return ControlServerParts(server, port, plane, ops, cfg)
+
+
+def create_server(cfg: ControlConfig) -> tuple[MeshServer, int]:
+    parts = build_control_server(cfg)
+    return parts.server, parts.port

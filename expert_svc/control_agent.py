@@ -1,0 +1,74 @@
+"""`ControlAgent`: an expert server's conversation with the control plane.
+
+Register (address, device, memory, slot budget, host id, dist endpoint) -> server id; heartbeat at
+the interval the control plane asks for, re-registering if it forgot us; on drain, tell it and
+deregister. The control plane drives placement by calling LoadExperts/DropExperts on the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import grpc
+
+from control_svc.placement.types import Placement
+from control_svc.wire import ServerInfo, control_grpc, control_pb2, placement_from_proto, server_to_proto
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.server import make_channel
+
+log = logging.getLogger(__name__)
+
+
+class ControlAgent:
+    def __init__(self, control_addr: str, rpc: RpcConfig, info: ServerInfo, stats: Callable[[], object]):
+        """stats() -> moemesh.v1.ExpertStats sent with each heartbeat."""
+        self.info = info
+        self.stats = stats
+        self.channel = make_channel(control_addr, rpc)
+        self.stub = control_grpc.ControlServiceStub(self.channel)
+        self.server_id = ""
+        self.interval_s = 1.0
+
+    async def register(self, timeout_s: float = 30.0) -> Placement:
+        """Register, retrying while the control plane is not up yet; returns the current placement."""
+        request = control_pb2.RegisterExpertServerRequest(server=server_to_proto(self.info))
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                resp = await self.stub.RegisterExpertServer(request, timeout=5, wait_for_ready=True)
+                break
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"control plane did not answer RegisterExpertServer within {timeout_s}s: {e.details()}") from e
+        self.server_id = resp.server_id
+        self.interval_s = resp.heartbeat_interval_s or self.interval_s
+        return placement_from_proto(resp.placement)
+
+    async def heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                resp = await self.stub.Heartbeat(control_pb2.HeartbeatRequest(id=self.server_id, stats=self.stats()), timeout=5)
+                if not resp.known:
+                    log.warning("control plane does not know %s any more: registering again", self.server_id)
+                    await self.register()
+            except grpc.aio.AioRpcError as e:
+                log.warning("heartbeat to the control plane failed: %s", e.details())
+
+    async def drain(self) -> None:
+        await self._best_effort(self.stub.Drain, control_pb2.DrainRequest(id=self.server_id))
+
+    async def deregister(self) -> None:
+        await self._best_effort(self.stub.Deregister, control_pb2.DeregisterRequest(id=self.server_id))
+
+    async def _best_effort(self, method, request) -> None:
+        try:
+            await method(request, timeout=5)
+        except grpc.aio.AioRpcError as e:  # shutting down anyway: report and go on
+            log.warning("%s for %s failed: %s", type(request).__name__, self.server_id, e.details())
+
+    async def close(self) -> None:
+        await self.channel.close()

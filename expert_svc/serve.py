@@ -1,0 +1,80 @@
+"""Running an expert server as a process: `python -m expert_svc --model-dir DIR [...]`.
+
+Once serving it prints `moemesh expert_svc: serving HOST:PORT` (flushed) on stdout.
+With `--control-addr` it registers, heartbeats and takes LoadExperts/DropExperts from the control
+plane. SIGTERM/SIGINT drain it: health NOT_SERVING, tell the control plane, let in-flight calls
+finish (at most `--drain-timeout-s`), deregister, stop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from control_svc.wire import ServerInfo
+from expert_svc.config import ExpertServerConfig
+from expert_svc.control_agent import ControlAgent
+from expert_svc.server import ExpertServerParts, build_expert_server
+from expert_svc.servicer import stats_message
+from moemesh.rpc.server import run_service
+from moemesh.svc_config import parse_config
+
+READY = "moemesh expert_svc: serving"
+log = logging.getLogger("expert_svc")
+
+
+def server_info(parts: ExpertServerParts) -> ServerInfo:
+    cfg = parts.cfg
+    return ServerInfo(
+        server_id="",
+        address=parts.address,
+        device=cfg.device,
+        memory_bytes=cfg.memory_bytes,
+        slot_budget=cfg.slot_budget,
+        host_id=parts.dist.host_id if parts.dist else "",
+        dist_addr=parts.dist.addr if parts.dist else "",
+    )
+
+
+async def run(cfg: ExpertServerConfig, stop: asyncio.Event) -> None:
+    parts = build_expert_server(cfg)
+    await parts.server.start()
+    agent = None
+    beats = None
+    try:
+        if cfg.control_addr:
+            agent = ControlAgent(cfg.control_addr, cfg.rpc, server_info(parts), lambda: stats_message(parts.shard))
+            placement = await agent.register()
+            for layer, experts in placement.experts_on(agent.server_id).items():  # a re-registered server
+                await asyncio.to_thread(parts.shard.load, layer, experts)
+            beats = asyncio.create_task(agent.heartbeat_forever())
+        print(f"{READY} {parts.address}" + (f" id={agent.server_id}" if agent else ""), flush=True)
+        await stop.wait()
+        await drain(parts, agent, cfg.drain_timeout_s)
+    finally:
+        if beats:
+            beats.cancel()
+        if agent:
+            await agent.close()
+        await parts.server.stop(0)
+
+
+async def drain(parts: ExpertServerParts, agent: ControlAgent | None, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    await parts.server.set_serving(False)
+    if agent:
+        await agent.drain()
+    while parts.shard.stats.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    if agent:
+        await agent.deregister()
+    await parts.server.stop(max(0.0, deadline - loop.time()))
+    log.info("drained: %d calls still in flight at stop", parts.shard.stats.in_flight)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    cfg = parse_config(ExpertServerConfig, "expert", argv, prog="python -m expert_svc")
+    run_service(lambda stop: run(cfg, stop))
+    return 0

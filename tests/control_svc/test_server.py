@@ -1,0 +1,78 @@
+import asyncio
+
+import grpc
+import pytest
+
+from control_svc.config import ControlConfig
+from control_svc.server import build_control_server
+from control_svc.wire import ServerInfo, control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.server import make_channel
+from tests.expert_svc.fixtures import in_loop, running_expert_servers
+
+
+@pytest.fixture
+def control(moe_dir, loop):
+    parts = loop.run(in_loop(build_control_server, ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, release_timeout_s=1.0)), 30)
+    loop.run(parts.server.start(), 30)
+    yield parts
+    loop.run(parts.server.shutdown(0.2), 30)
+    loop.run(parts.ops.close(), 30)
+
+
+def test_initial_placement_loads_every_expert_onto_the_servers(moe_dir, loop, control):
+    async def scenario(experts):
+        async with make_channel(control.address, RpcConfig()) as ch:
+            stub = control_grpc.ControlServiceStub(ch)
+            watch = stub.WatchPlacement(control_pb2.WatchPlacementRequest(replica_id="t", after_version=0))
+            ids = []
+            for p in experts:
+                info = ServerInfo("", p.address, slot_budget=12, host_id="h", dist_addr="")
+                resp = await stub.RegisterExpertServer(control_pb2.RegisterExpertServerRequest(server=server_to_proto(info)))
+                ids.append(resp.server_id)
+                assert resp.heartbeat_interval_s > 0
+            first = await asyncio.wait_for(watch.read(), 10)
+            watch.cancel()
+            got = await stub.GetPlacement(control_pb2.GetPlacementRequest())
+            hb = await stub.Heartbeat(control_pb2.HeartbeatRequest(id=ids[0]))
+            return ids, first, got, hb
+
+    with running_expert_servers(moe_dir, 2, loop, transport="grpc") as experts:
+        ids, first, got, hb = loop.run(scenario(experts), 30)
+        placement = placement_from_proto(got.placement)
+        assert placement.version == 1 and placement_from_proto(first.placement) == placement
+        assert hb.known and hb.placement_version == 1
+        assert sorted(server_from_proto(s).server_id for s in got.servers) == sorted(ids)
+        assert placement.layers == (0, 1)
+        for layer in placement.layers:
+            assert len(placement.replicas[layer]) == 8
+        for sid, srv in zip(ids, experts):
+            want = placement.experts_on(sid)
+            assert srv.shard.held() == want  # prepare loaded exactly what the placement assigns
+            assert sum(len(v) for v in want.values()) == 8  # 16 pairs over 2 servers
+
+
+def test_bad_calls_get_the_right_status(loop, control):
+    async def scenario():
+        async with make_channel(control.address, RpcConfig()) as ch:
+            stub = control_grpc.ControlServiceStub(ch)
+            codes = []
+            for call in (
+                stub.RegisterExpertServer(control_pb2.RegisterExpertServerRequest(server=control_pb2.ExpertServerInfo(address="x"))),
+                stub.Drain(control_pb2.DrainRequest(id="expert-42")),
+                stub.Deregister(control_pb2.DeregisterRequest(id="expert-42")),
+                stub.Heartbeat(control_pb2.HeartbeatRequest()),
+            ):
+                try:
+                    await call
+                except grpc.aio.AioRpcError as e:
+                    codes.append((e.code(), e.details()))
+            unknown = await stub.Heartbeat(control_pb2.HeartbeatRequest(id="expert-42"))
+            return codes, unknown
+
+    codes, unknown = loop.run(scenario(), 30)
+    assert codes[0][0] == grpc.StatusCode.INVALID_ARGUMENT and "server.address" in codes[0][1]
+    assert codes[1][0] == grpc.StatusCode.NOT_FOUND and "expert-42" in codes[1][1]
+    assert codes[2][0] == grpc.StatusCode.NOT_FOUND
+    assert codes[3][0] == grpc.StatusCode.INVALID_ARGUMENT and "id" in codes[3][1]
+    assert not unknown.known

@@ -1,0 +1,95 @@
+import asyncio
+
+import pytest
+
+from control_svc.board import PlacementBoard
+from control_svc.placement.types import Placement
+from control_svc.switch import PlacementSwitch, SwitchError, placement_diff
+from control_svc.wire import ServerInfo
+
+OLD = Placement(1, {0: (("a",), ("b",), ("a", "b"))})
+NEW = Placement(2, {0: (("b",), ("b",), ("a",))})
+SERVERS = {s: ServerInfo(s, f"127.0.0.1:{i + 1}") for i, s in enumerate("abc")}
+
+
+def test_diff():
+    to_load, to_drop = placement_diff(OLD, NEW)
+    assert to_load == {"b": {0: (0,)}}
+    assert to_drop == {"a": {0: (0,)}, "b": {0: (2,)}}
+    assert placement_diff(Placement(0), OLD) == ({"a": {0: (0, 2)}, "b": {0: (1, 2)}}, {})
+
+
+class FakeOps:
+    def __init__(self, board, fail=False):
+        self.board = board
+        self.fail = fail
+        self.log = []
+
+    async def load(self, server, experts, version):
+        self.log.append(("load", server.server_id, experts, self.board.version))
+        if self.fail:
+            raise ConnectionError(f"{server.server_id} is down")
+
+    async def drop(self, server, experts, version):
+        self.log.append(("drop", server.server_id, experts, self.board.version))
+
+
+def test_prepare_commit_release_order():
+    async def main():
+        board = PlacementBoard()
+        adopted = {"r": None}
+        ops = FakeOps(board)
+        sw = PlacementSwitch(ops, board, lambda: SERVERS, lambda: list(adopted.values()), 5.0, 5.0)
+        await sw.switch(OLD)
+        assert board.version == 1 and [e[0] for e in ops.log] == ["load", "load"]
+        assert all(e[3] == 0 for e in ops.log)  # loaded before the commit
+        adopted["r"] = 1
+        ops.log.clear()
+        task = asyncio.create_task(sw.switch(NEW))
+        await asyncio.sleep(0.2)
+        assert board.version == 2  # committed
+        assert [e[0] for e in ops.log] == ["load"]  # but nothing dropped while the replica runs v1
+        adopted["r"] = 2
+        await asyncio.wait_for(task, 5)
+        drops = sorted((e[1], e[2]) for e in ops.log if e[0] == "drop")
+        assert drops == [("a", {0: (0,)}), ("b", {0: (2,)})]
+
+    asyncio.run(main())
+
+
+def test_failed_prepare_keeps_the_old_placement():
+    async def main():
+        board = PlacementBoard()
+        sw = PlacementSwitch(FakeOps(board, fail=True), board, lambda: SERVERS, lambda: [], 5.0, 5.0)
+        with pytest.raises(SwitchError, match="down"):
+            await sw.switch(OLD)
+        assert board.version == 0
+        with pytest.raises(SwitchError, match="unknown servers"):
+            await sw.switch(Placement(1, {0: (("zz",),)}))
+
+    asyncio.run(main())
+
+
+def test_watchers_see_each_commit():
+    async def main():
+        board = PlacementBoard()
+        sw = PlacementSwitch(FakeOps(board), board, lambda: SERVERS, lambda: [], 5.0, 0.1)
+        seen = []
+
+        async def watch():
+            async for view in board.watch(0):
+                seen.append(view.placement.version)
+                if view.placement.version == 2:
+                    return
+
+        w = asyncio.create_task(watch())
+        await asyncio.sleep(0.05)
+        await sw.switch(OLD)
+        await asyncio.sleep(0.05)
+        await sw.switch(NEW)
+        await asyncio.wait_for(w, 5)
+        assert seen == [1, 2]
+        with pytest.raises(ValueError, match="version"):
+            await sw.board.publish(board.current)
+
+    asyncio.run(main())
