@@ -1,0 +1,1 @@
+"""Triton grouped expert MLP kernels (fused dequantize-in-the-loop). Imported only when triton is used."""
