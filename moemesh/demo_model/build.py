@@ -62,9 +62,18 @@ def build_demo_model(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         convert_gguf_to_mixtral(source, tmp, dtype=dtype, num_experts=DEMO_NUM_EXPERTS, progress=progress)
+        if not force and is_complete(out_dir, dtype):
+            # Another process finished the same build meanwhile: keep its copy (readers may hold it).
+            progress(f"{out_dir} was built concurrently; keeping that copy")
+            return out_dir
         if out_dir.exists():
             os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if old.exists() and not out_dir.exists():
+                os.replace(old, out_dir)  # put the previous model back
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

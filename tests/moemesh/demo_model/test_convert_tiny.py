@@ -115,3 +115,27 @@ def test_refuses_to_replace_a_non_model_directory(tiny_gguf, tmp_path):
 def test_bad_dtype(tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         build_demo_model(tmp_path / "m", dtype="float16")
+
+
+def test_concurrent_build_keeps_the_first_copy(tiny_gguf, tmp_path, monkeypatch):
+    """If another process completes the model while this one converts, its copy stays in place."""
+    import shutil
+
+    import moemesh.demo_model.build as build
+
+    path, _, _ = tiny_gguf
+    other = build_demo_model(tmp_path / "other", gguf_path=path)
+    out = tmp_path / "m"
+    real_convert = build.convert_gguf_to_mixtral
+
+    def convert_while_another_finishes(*args, **kwargs):
+        result = real_convert(*args, **kwargs)
+        shutil.copytree(other, out)
+        return result
+
+    monkeypatch.setattr(build, "convert_gguf_to_mixtral", convert_while_another_finishes)
+    messages: list[str] = []
+    assert build_demo_model(out, gguf_path=path, progress=messages.append) == out
+    assert any("built concurrently" in m for m in messages)
+    assert is_complete(out, "float32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "other"]
