@@ -49,14 +49,17 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
     return AttentionServer(mesh, replica, experts), port
 
 
-def serve(cfg: AttentionConfig, announce=print) -> None:
-    """Run the replica until SIGTERM/SIGINT, then drain gracefully."""
-
-    async def main(stop: asyncio.Event) -> None:
-        server, port = await create_server(cfg)
-        await server.start()
-        announce(f"moemesh: attention serving on {cfg.host}:{port}")
+async def run(cfg, stop: asyncio.Event) -> None:
+    """Serve until `stop` is set, then drain gracefully (health NOT_SERVING, grace period)."""
+    server, port = await create_server(cfg)
+    await server.start()
+    try:
+        print(f"moemesh attention_svc: serving {cfg.host}:{port}", flush=True)
         await stop.wait()
+    finally:
         await server.shutdown()
 
-    run_service(main)
+
+def serve(cfg) -> None:
+    """Run the attention until SIGTERM/SIGINT."""
+    run_service(lambda stop: run(cfg, stop))

@@ -74,14 +74,17 @@ async def create_server(cfg: RouterConfig) -> tuple[RouterServer, int]:
     return RouterServer(mesh, router, clients, cfg.load_poll_s), port
 
 
-def serve(cfg: RouterConfig, announce=print) -> None:
-    """Run the router until SIGTERM/SIGINT, then drain gracefully."""
-
-    async def main(stop: asyncio.Event) -> None:
-        server, port = await create_server(cfg)
-        await server.start()
-        announce(f"moemesh: router serving on {cfg.host}:{port}")
+async def run(cfg, stop: asyncio.Event) -> None:
+    """Serve until `stop` is set, then drain gracefully (health NOT_SERVING, grace period)."""
+    server, port = await create_server(cfg)
+    await server.start()
+    try:
+        print(f"moemesh router_svc: serving {cfg.host}:{port}", flush=True)
         await stop.wait()
+    finally:
         await server.shutdown()
 
-    run_service(main)
+
+def serve(cfg) -> None:
+    """Run the router until SIGTERM/SIGINT."""
+    run_service(lambda stop: run(cfg, stop))

@@ -1,7 +1,8 @@
 """`moemesh serve router|attention|expert|control [flags]`: run one service of the mesh.
 
 Each service's flags (and `MOEMESH_<SERVICE>_*` env overrides) derive from its frozen config
-dataclass through `moemesh.svc_config`. The service's own `serve(cfg)` runs it until SIGTERM/SIGINT.
+dataclass through `moemesh.svc_config`. Each service module's `run(cfg, stop)` serves until `stop`
+is set (SIGTERM/SIGINT), then drains; it prints `moemesh <service>_svc: serving HOST:PORT` once up.
 """
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import argparse
 import importlib
 import sys
 
-# service -> (config class, serve function), as "module:attribute"
+# service -> (config class, `async run(cfg, stop)`), as "module:attribute"
 SERVICES = {
-    "router": ("router_svc.config:RouterConfig", "router_svc.server:serve"),
-    "attention": ("attention_svc.config:AttentionConfig", "attention_svc.server:serve"),
-    "expert": ("expert_svc.config:ExpertServerConfig", "expert_svc.server:serve"),
-    "control": ("control_svc.config:ControlConfig", "control_svc.server:serve"),
+    "router": ("router_svc.config:RouterConfig", "router_svc.server:run"),
+    "attention": ("attention_svc.config:AttentionConfig", "attention_svc.server:run"),
+    "expert": ("expert_svc.config:ExpertServerConfig", "expert_svc.serve:run"),
+    "control": ("control_svc.config:ControlConfig", "control_svc.serve:run"),
 }
 
 
@@ -28,7 +29,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("serve", help="run one service of the mesh (router, attention, expert, control)")
     services = p.add_subparsers(dest="service", required=True, metavar="SERVICE")
-    for name, (config_spec, serve_spec) in SERVICES.items():
+    for name, (config_spec, run_spec) in SERVICES.items():
         try:
             cls = resolve(config_spec)
         except (ImportError, AttributeError) as e:
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
         doc = (cls.__doc__ or "").strip().splitlines()
         sp = services.add_parser(name, help=doc[0] if doc else f"the {name} service")
         add_arguments(sp, cls, name)
-        sp.set_defaults(func=lambda ns, n=name, c=cls, s=serve_spec: run(ns, n, c, s))
+        sp.set_defaults(func=lambda ns, n=name, c=cls, s=run_spec: run(ns, n, c, s))
 
 
 def unavailable(name: str, err: Exception) -> int:
@@ -46,7 +47,10 @@ def unavailable(name: str, err: Exception) -> int:
     return 2
 
 
-def run(ns: argparse.Namespace, name: str, cls, serve_spec: str) -> int:
+def run(ns: argparse.Namespace, name: str, cls, run_spec: str) -> int:
+    import logging
+
+    from moemesh.rpc.server import run_service
     from moemesh.svc_config import from_sources
 
     fields = argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("command", "service", "func")})
@@ -55,5 +59,7 @@ def run(ns: argparse.Namespace, name: str, cls, serve_spec: str) -> int:
     except ValueError as e:
         print(f"moemesh serve {name}: error: {e}", file=sys.stderr)
         return 2
-    resolve(serve_spec)(cfg)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    runner = resolve(run_spec)
+    run_service(lambda stop: runner(cfg, stop))
     return 0

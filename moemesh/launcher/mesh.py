@@ -81,7 +81,7 @@ class Mesh:
         """Starts every service; returns (router, control) addresses. On failure stops what started."""
         s = self.spec
         try:
-            self.control_addr = self._spawn("control", "control", {"model_dir": s.model_dir, "expected_servers": s.expert_servers})
+            self.control_addr = self._spawn("control", "control", {"model_dir": s.model_dir, "expected_expert_servers": s.expert_servers})
             self._wait([self.control_addr])
             experts = [
                 self._spawn(f"expert-{i}", "expert", {

@@ -1,0 +1,70 @@
+"""Helpers for end-to-end tests: real service processes on loopback, `moemesh run --json` output."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import grpc
+
+from moemesh.launcher.child import Child, stop_all
+from moemesh.launcher.health import wait_serving
+from moemesh.launcher.mesh import serve_argv
+from moemesh.launcher.ports import free_port
+from moemesh.rpc.protos import load
+
+gen_pb, gen_grpc = load("generation")
+att_pb, att_grpc = load("attention")
+
+
+def start_service(service: str, log_dir: Path, name: str | None = None, **flags) -> tuple[Child, str]:
+    """Starts `moemesh serve SERVICE` on a free loopback port and waits until it is SERVING."""
+    port = free_port()
+    child = Child(name or service, serve_argv(service, {"host": "127.0.0.1", "port": port, **flags}), log_dir / f"{name or service}.log")
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_serving(address, 300, alive=lambda: child.poll() is None)
+    except Exception:
+        stop_all([child], 5)
+        raise RuntimeError(f"{service} did not start:\n{child.log_tail(40)}")
+    return child, address
+
+
+def run_json(*args: str) -> dict:
+    """`moemesh run ... --json` in this process; returns its JSON object."""
+    from moemesh.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["run", *args, "--json"])
+    assert rc == 0, out.getvalue()
+    return json.loads(out.getvalue())
+
+
+def generate_json(address: str, *args: str) -> dict:
+    """`moemesh generate --addr ADDRESS ... --json` in this process; returns its JSON object."""
+    from moemesh.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["generate", "--addr", address, *args, "--json"])
+    assert rc == 0, out.getvalue()
+    return json.loads(out.getvalue())
+
+
+def attention_load(address: str):
+    with grpc.insecure_channel(address) as ch:
+        return att_grpc.AttentionStub(ch).GetLoad(att_pb.GetLoadRequest(), timeout=10)
+
+
+def wait_idle(address: str, timeout_s: float = 10.0):
+    """Polls an attention replica until no sequence runs or waits; returns the last load report."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        load = attention_load(address)
+        if (load.running == 0 and load.waiting == 0 and load.free_blocks == load.total_blocks) or time.monotonic() > deadline:
+            return load
+        time.sleep(0.05)
