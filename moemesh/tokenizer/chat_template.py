@@ -41,7 +41,8 @@ def _compile(source: str):
 
 
 def validate_messages(messages: Any) -> list[dict]:
-    """`messages` must be a list of dicts, each with a string `role` and a `content` (string or list of parts)."""
+    """`messages` must be a list of dicts, each with a string `role` and a `content` (string or list of
+    parts; None only beside `tool_calls`). Returns copies, reasoning aliased as transformers does."""
     if not isinstance(messages, (list, tuple)):
         raise ValueError(f"messages must be a list of dicts, got {type(messages).__name__}")
     for i, m in enumerate(messages):
@@ -49,9 +50,22 @@ def validate_messages(messages: Any) -> list[dict]:
             raise ValueError(f"messages[{i}] must be a dict, got {type(m).__name__}")
         if not isinstance(m.get("role"), str) or not m["role"]:
             raise ValueError(f"messages[{i}].role is missing or not a string")
-        if "content" not in m or not isinstance(m["content"], (str, list)):
+        content_ok = isinstance(m.get("content"), (str, list)) or (m.get("content") is None and "tool_calls" in m)
+        if not content_ok:
             raise ValueError(f"messages[{i}].content is missing or not a string/list")
-    return [dict(m) for m in messages]
+    return [_alias_reasoning(dict(m)) for m in messages]
+
+
+# Names a message's reasoning arrives under; templates read `reasoning_content` (gpt-oss: `thinking`).
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _alias_reasoning(message: dict) -> dict:
+    """Expose a message's reasoning under every name templates read, as transformers does."""
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 @dataclass(frozen=True)

@@ -91,10 +91,12 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`. Ids the tokenizer does not know (a model vocabulary padded past the
+        tokenizer's) decode to nothing, as in transformers; negative ids are a ValueError."""
         ids = [int(i) for i in ids]
         for i in ids:
-            if not 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
+            if i < 0:
+                raise ValueError(f"token ids must be >= 0, got {i}")
         text = self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
         if self.config.clean_up_tokenization_spaces:
             for old, new in _CLEANUP:

@@ -157,6 +157,18 @@ def test_generation_config_eos_and_add_bos(tmp_path):
     assert ids[1:] == tok.encode("Hello world", add_special_tokens=False)
 
 
-def test_decode_rejects_out_of_vocab(tok):
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        tok.decode([5, 512])
+def test_decode_unknown_and_negative_ids(tok, hf_tok):
+    assert tok.decode([370, 512, 365]) == hf_tok.decode([370, 512, 365]) == tok.decode([370, 365])
+    with pytest.raises(ValueError, match=">= 0"):
+        tok.decode([5, -1])
+
+
+def test_reasoning_aliases_and_tool_call_messages(tiny_tok_dir, tmp_path):
+    template = "{% for m in messages %}{{ m['role'] }}|{{ m['reasoning_content'] }}|{{ m['thinking'] }}|{{ m['content'] }};{% endfor %}"
+    d = _variant_dir(tiny_tok_dir, tmp_path / "m", template, in_config=True)
+    messages = [{"role": "assistant", "reasoning": "hmm", "content": "ok"}, {"role": "assistant", "content": None, "tool_calls": []}]
+    import transformers
+
+    ours = Tokenizer.from_model_dir(d).apply_chat_template(messages)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(d)).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours == theirs == "assistant|hmm|hmm|ok;assistant|||None;"
