@@ -42,7 +42,8 @@ def _compile(source: str):
 
 def validate_messages(messages: Any) -> list[dict]:
     """`messages` must be a list of dicts, each with a string `role` and a `content` (string or list of
-    parts; None only beside `tool_calls`). Returns copies, reasoning aliased as transformers does."""
+    parts; None only beside `tool_calls`). Returns copies without None-valued keys and with the
+    reasoning aliased, as transformers does."""
     if not isinstance(messages, (list, tuple)):
         raise ValueError(f"messages must be a list of dicts, got {type(messages).__name__}")
     for i, m in enumerate(messages):
@@ -53,7 +54,9 @@ def validate_messages(messages: Any) -> list[dict]:
         content_ok = isinstance(m.get("content"), (str, list)) or (m.get("content") is None and "tool_calls" in m)
         if not content_ok:
             raise ValueError(f"messages[{i}].content is missing or not a string/list")
-    return [_alias_reasoning(dict(m)) for m in messages]
+    # Keys whose value is None are dropped (as transformers does): templates handle a missing key
+    # but would print a literal "None".
+    return [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
 
 
 # Names a message's reasoning arrives under; templates read `reasoning_content` (gpt-oss: `thinking`).

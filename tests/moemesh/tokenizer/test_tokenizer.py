@@ -171,4 +171,4 @@ def test_reasoning_aliases_and_tool_call_messages(tiny_tok_dir, tmp_path):
 
     ours = Tokenizer.from_model_dir(d).apply_chat_template(messages)
     theirs = transformers.AutoTokenizer.from_pretrained(str(d)).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert ours == theirs == "assistant|hmm|hmm|ok;assistant|||None;"
+    assert ours == theirs == "assistant|hmm|hmm|ok;assistant|||;"
