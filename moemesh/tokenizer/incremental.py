@@ -37,25 +37,23 @@ class IncrementalDetokenizer:
     def _decode(self, start: int, end: int | None = None) -> str:
         return self._tok.decode(self._ids[start:end], skip_special_tokens=self._skip)
 
-    def _delta(self) -> str:
+    def _emit(self, new_text: str) -> str:
+        """Advance the window past the pushed tokens; `new_text` decodes ids[prefix:]."""
         prefix_text = self._decode(self._prefix, self._read).rstrip(REPLACEMENT)
-        new_text = self._decode(self._prefix)
-        return new_text[len(prefix_text):]
-
-    def push(self, token_id: int) -> str:
-        self._ids.append(int(token_id))
-        if self._decode(self._prefix).endswith(REPLACEMENT):
-            return ""
-        delta = self._delta()
+        delta = new_text[len(prefix_text):]
         self._prefix, self._read = self._read, len(self._ids)
         self.text += delta
         return delta
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(int(token_id))
+        new_text = self._decode(self._prefix)
+        if new_text.endswith(REPLACEMENT):
+            return ""  # an incomplete UTF-8 character: wait for its next bytes
+        return self._emit(new_text)
 
     def flush(self) -> str:
         """Text still held back (an incomplete character at the end), as the full decode renders it."""
         if self._read == len(self._ids):
             return ""
-        delta = self._delta()
-        self._prefix, self._read = self._read, len(self._ids)
-        self.text += delta
-        return delta
+        return self._emit(self._decode(self._prefix))

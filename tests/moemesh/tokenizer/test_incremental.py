@@ -41,17 +41,18 @@ def test_multibyte_text_never_split(tok):
 
 
 def test_continuation_after_prompt(tok):
-    rng = random.Random(1)
-    for text in MULTIBYTE:
+    """Every cut at a character boundary: prompt text + streamed continuation == full text."""
+    cuts = 0
+    for text in MULTIBYTE + ["😀😀😀 🎉🎉 ab 东京东京 cd"]:
         ids = tok.encode(text)
-        cut = rng.randrange(1, len(ids))
-        prompt, gen = ids[:cut], ids[cut:]
-        # Cut at a character boundary: the prompt must decode cleanly.
-        while tok.decode(prompt).endswith("\ufffd"):
-            cut += 1
+        for cut in range(1, len(ids)):
             prompt, gen = ids[:cut], ids[cut:]
-        out = "".join(_stream(tok, gen, prompt_ids=prompt))
-        assert tok.decode(prompt) + out == text
+            if tok.decode(prompt).endswith("\ufffd"):
+                continue
+            cuts += 1
+            out = "".join(_stream(tok, gen, prompt_ids=prompt))
+            assert tok.decode(prompt) + out == text
+    assert cuts > 20
 
 
 def test_special_tokens_skipped(tok):
