@@ -1,36 +1,20 @@
 """DeepseekV3ForCausalLM (DeepSeek-V3, Kimi-K2): MLA attention over a latent KV cache, YaRN rope,
-dense first layers, then grouped-sigmoid-gate MoE layers with shared experts.
+dense first layers, then grouped-sigmoid-gate MoE layers with shared experts (see decoder.py, moe.py).
 
-Shape legend: T tokens, H hidden, V vocab, R logits rows.
-`forward_stages` yields once per MoE layer while its routed experts compute (micro-batch ping-pong).
+Shape legend: T tokens, H hidden, NH heads, R kv_lora_rank, Dr rope dims.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Generator, Sequence
 
 import torch
 from torch import Tensor
 
 from moemesh.checkpoint import CheckpointReader
-from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
-from moemesh.models.deepseek_v3.config import GroupedGateConfig, MLAConfig
+from moemesh.models.deepseek_v3.config import MLAConfig
+from moemesh.models.deepseek_v3.decoder import GroupedGateDecoderLM
 from moemesh.models.deepseek_v3.mla import LatentCache, MLAWeights, mla_attention
-from moemesh.models.deepseek_v3.moe import DenseMLP, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table, mla_softmax_scale
-from moemesh.models.layers import rms_norm
-from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
-
-
-@dataclass(frozen=True)
-class DeepseekLayer:
-    input_norm: Tensor  # [H]
-    attn: MLAWeights
-    post_norm: Tensor  # [H]
-    mlp: DenseMLP | GroupedMoE
 
 
 def load_mla(reader: CheckpointReader, prefix: str, cfg: ModelConfig, mla: MLAConfig, dtype: torch.dtype) -> MLAWeights:
@@ -72,76 +56,17 @@ def load_mla(reader: CheckpointReader, prefix: str, cfg: ModelConfig, mla: MLACo
     )
 
 
-class DeepseekV3ForCausalLM:
-    """Non-expert weights of a DeepSeek-V3-family model; routed experts are reached through an ExpertCompute."""
+class DeepseekV3ForCausalLM(GroupedGateDecoderLM):
+    """DeepSeek-V3 / Kimi-K2: MLA attention over the latent cache."""
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
-        self.cfg = cfg
-        self.dtype = dtype
         self.mla = MLAConfig.from_raw(cfg.raw)
-        self.gate = GroupedGateConfig.from_raw(cfg.raw)
-        h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
-        self.layers: list[DeepseekLayer] = []
-        with load_progress(cfg.num_layers, "loading layers") as bar:
-            for layer in range(cfg.num_layers):
-                self.layers.append(self._load_layer(reader, layer))
-                bar.update(1)
-        self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
-        tied = cfg.tie_word_embeddings or not reader.has("lm_head.weight")
-        self.lm_head = self.embed if tied else reader.get("lm_head.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        super().__init__(cfg, reader, dtype)
         self.rope = build_rotary_table(self.mla.rope, self.mla.qk_rope_head_dim, cfg.max_position_embeddings)
 
-    def _load_layer(self, reader: CheckpointReader, layer: int) -> DeepseekLayer:
-        cfg, dt, p = self.cfg, self.dtype, f"model.layers.{layer}"
-        if cfg.is_moe_layer(layer):
-            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt)
-        else:
-            mlp = load_dense_mlp(reader, f"{p}.mlp", cfg.hidden_size, cfg.intermediate_size, dt)
-        return DeepseekLayer(
-            input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
-            attn=load_mla(reader, f"{p}.self_attn", cfg, self.mla, dt),
-            post_norm=reader.get(f"{p}.post_attention_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
-            mlp=mlp,
-        )
+    def load_attention(self, reader: CheckpointReader, prefix: str) -> MLAWeights:
+        return load_mla(reader, prefix, self.cfg, self.mla, self.dtype)
 
-    def weight_bytes(self) -> int:
-        """Bytes of non-expert weights read per decode step (embedding rows excluded, LM head included)."""
-        tensors = [self.lm_head, self.norm]
-        for lyr in self.layers:
-            tensors += [lyr.input_norm, lyr.post_norm]
-            tensors += [t for t in vars(lyr.attn).values() if isinstance(t, Tensor)]
-            mlp = lyr.mlp
-            if isinstance(mlp, GroupedMoE):
-                tensors += [mlp.router] + ([mlp.shared.gate_up, mlp.shared.down] if mlp.shared else [])
-            else:
-                tensors += [mlp.gate_up, mlp.down]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    def forward_stages(
-        self, meta: BatchMeta, kv_caches: Sequence[tuple[Tensor, Tensor]], experts: ExpertCompute, knobs: MoeKnobs
-    ) -> Generator[None, None, Tensor]:
-        """Yields once per MoE layer (after submitting to the experts); returns logits [R, V] float32."""
-        cfg = self.cfg
-        latent = self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
-        x = self.embed[meta.input_ids]  # [T, H]
-        for idx, lyr in enumerate(self.layers):
-            h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
-            k_cache, v_cache = kv_caches[idx]
-            x = x + mla_attention(h, lyr.attn, meta, self.rope, LatentCache(k_cache, v_cache, latent))
-            h = rms_norm(x, lyr.post_norm, cfg.rms_norm_eps)  # [T, H]
-            if isinstance(lyr.mlp, DenseMLP):
-                x = x + lyr.mlp(h)
-            else:
-                x = x + (yield from moe_block(h, idx, lyr.mlp, cfg, self.gate, knobs.for_layer(idx), experts))
-        h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
-        return (h @ self.lm_head.t()).float()  # [R, V]
-
-    def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
-        """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""
-        stages = self.forward_stages(meta, kv_caches, experts, knobs)
-        while True:
-            try:
-                next(stages)
-            except StopIteration as done:
-                return done.value
+    def attend(self, h: Tensor, w: MLAWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor]) -> Tensor:
+        cache = LatentCache(kv_pair[0], kv_pair[1], w.latent_dim)
+        return mla_attention(h, w, meta, self.rope, cache)

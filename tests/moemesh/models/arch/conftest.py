@@ -1,8 +1,29 @@
+"""Tiny transformers checkpoints, built once per session: (path, transformers model)."""
 import pytest
 
-from tests.moemesh.models.arch.reference import make_checkpoint
+from tests.moemesh.models.arch.reference import greedy, make_checkpoint, prompt_logprobs
+
+PROMPTS = ((5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11), (400, 2, 2, 2, 99))
+GREEDY_TOKENS = 32
+
+# arch -> config overrides; the second variant of each family flips its options
+VARIANTS = {
+    "deepseek_v3": ("deepseek_v3", {}),
+    # Kimi-K2-like: no q LoRA, one group, rotate-half rope without YaRN, no top-k renormalization
+    "deepseek_v3_plain": ("deepseek_v3", dict(q_lora_rank=None, n_group=1, topk_group=1, rope_interleave=False,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                                              norm_topk_prob=False, first_k_dense_replace=2)),
+    "glm4_moe": ("glm4_moe", {}),
+    "glm4_moe_plain": ("glm4_moe", dict(use_qk_norm=False, attention_bias=False, partial_rotary_factor=0.25,
+                                        n_group=1, topk_group=1, n_shared_experts=2)),
+    "gpt_oss": ("gpt_oss", {}),
+}
 
 
 @pytest.fixture(scope="session")
-def deepseek_ckpt(tmp_path_factory):
-    return make_checkpoint("deepseek_v3", tmp_path_factory.mktemp("deepseek_v3"))
+def tiny_checkpoint(request, tmp_path_factory):
+    """(path, transformers model, {prompt: (prompt logprobs, greedy continuation)}) for PROMPTS."""
+    arch, overrides = VARIANTS[request.param]
+    path, model = make_checkpoint(arch, tmp_path_factory.mktemp(request.param), **overrides)
+    expected = {p: (prompt_logprobs(model, list(p)), greedy(model, list(p), GREEDY_TOKENS)) for p in PROMPTS}
+    return path, model, expected

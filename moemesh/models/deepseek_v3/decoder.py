@@ -1,0 +1,113 @@
+"""The decoder loop shared by the grouped-gate families (DeepSeek-V3 / Kimi-K2 and GLM-4.5 MoE):
+embeddings, per layer attention then a dense MLP (first `first_k_dense_replace` layers) or the MoE
+block with shared experts, final norm, LM head. Each family supplies its attention.
+
+Shape legend: T tokens, H hidden, V vocab, R logits rows.
+`forward_stages` yields once per MoE layer while its routed experts compute (micro-batch ping-pong).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, Sequence
+
+import torch
+from torch import Tensor
+
+from moemesh.checkpoint import CheckpointReader
+from moemesh.checkpoint.progress import load_progress
+from moemesh.config import ModelConfig
+from moemesh.models.batch import BatchMeta
+from moemesh.models.deepseek_v3.config import GroupedGateConfig
+from moemesh.models.deepseek_v3.moe import DenseMLP, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
+from moemesh.models.layers import rms_norm
+from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.knobs import MoeKnobs
+
+# attend(h [T, H], weights, meta, (k_cache, v_cache)) -> [T, H]
+Attend = Callable[[Tensor, Any, BatchMeta, tuple[Tensor, Tensor]], Tensor]
+
+
+@dataclass(frozen=True)
+class Layer:
+    input_norm: Tensor  # [H]
+    attn: Any  # the family's attention weights
+    post_norm: Tensor  # [H]
+    mlp: DenseMLP | GroupedMoE
+
+
+def tensors_of(obj: Any) -> list[Tensor]:
+    """Every tensor field of a weights dataclass (for byte counts)."""
+    return [t for t in vars(obj).values() if isinstance(t, Tensor)]
+
+
+class GroupedGateDecoderLM:
+    """Non-expert weights of a grouped-gate MoE model; routed experts are reached through an ExpertCompute.
+
+    Subclasses load their attention (`load_attention(reader, prefix) -> weights`) and run it
+    (`attend(h, weights, meta, kv_pair) -> [T, H]`)."""
+
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+        self.cfg = cfg
+        self.dtype = dtype
+        self.gate = GroupedGateConfig.from_raw(cfg.raw)
+        h, v = cfg.hidden_size, cfg.vocab_size
+        self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        self.layers: list[Layer] = []
+        with load_progress(cfg.num_layers, "loading layers") as bar:
+            for layer in range(cfg.num_layers):
+                self.layers.append(self._load_layer(reader, layer))
+                bar.update(1)
+        self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
+        tied = cfg.tie_word_embeddings or not reader.has("lm_head.weight")
+        self.lm_head = self.embed if tied else reader.get("lm_head.weight", shape=(v, h), dtype=dtype)  # [V, H]
+
+    def _load_layer(self, reader: CheckpointReader, layer: int) -> Layer:
+        cfg, dt, p = self.cfg, self.dtype, f"model.layers.{layer}"
+        if cfg.is_moe_layer(layer):
+            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt)
+        else:
+            mlp = load_dense_mlp(reader, f"{p}.mlp", cfg.hidden_size, cfg.intermediate_size, dt)
+        return Layer(
+            input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
+            attn=self.load_attention(reader, f"{p}.self_attn"),
+            post_norm=reader.get(f"{p}.post_attention_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
+            mlp=mlp,
+        )
+
+    def weight_bytes(self) -> int:
+        """Bytes of non-expert weights read per decode step (embedding rows excluded, LM head included)."""
+        tensors = [self.lm_head, self.norm]
+        for lyr in self.layers:
+            tensors += [lyr.input_norm, lyr.post_norm, *tensors_of(lyr.attn)]
+            mlp = lyr.mlp
+            if isinstance(mlp, GroupedMoE):
+                tensors += [mlp.router] + (tensors_of(mlp.shared) if mlp.shared else [])
+            else:
+                tensors += tensors_of(mlp)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def forward_stages(
+        self, meta: BatchMeta, kv_caches: Sequence[tuple[Tensor, Tensor]], experts: ExpertCompute, knobs: MoeKnobs
+    ) -> Generator[None, None, Tensor]:
+        """Yields once per MoE layer (after submitting to the experts); returns logits [R, V] float32."""
+        cfg = self.cfg
+        x = self.embed[meta.input_ids]  # [T, H]
+        for idx, lyr in enumerate(self.layers):
+            h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
+            x = x + self.attend(h, lyr.attn, meta, kv_caches[idx])
+            h = rms_norm(x, lyr.post_norm, cfg.rms_norm_eps)  # [T, H]
+            if isinstance(lyr.mlp, DenseMLP):
+                x = x + lyr.mlp(h)
+            else:
+                x = x + (yield from moe_block(h, idx, lyr.mlp, cfg, self.gate, knobs.for_layer(idx), experts))
+        h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
+        return (h @ self.lm_head.t()).float()  # [R, V]
+
+    def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
+        """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""
+        stages = self.forward_stages(meta, kv_caches, experts, knobs)
+        while True:
+            try:
+                next(stages)
+            except StopIteration as done:
+                return done.value

@@ -1,0 +1,48 @@
+"""Partial rotary embeddings (GLM-4.5: rope on the first `partial_rotary_factor` of each head) run as a
+full-width rotate-half rope, so the engine's standard attention and KV cache serve them unchanged.
+
+Shape legend: P positions, Dh head dim, D rotary dims (D <= Dh, even), NH heads.
+
+Partial rope rotates pairs (i, i + D/2) for i < D/2 and passes dims [D, Dh) through. A full-width
+rotate-half rope rotates pairs (j, j + Dh/2). Reordering each head's dims with `head_permutation`
+puts every rotated pair where the full-width rope expects it and the pass-through dims on the other
+pairs, whose cos is 1 and sin 0 in `full_width_table`. Queries and keys get the same reordering (their
+projection rows, biases and q/k-norm weights are permuted at load time), so every q.k product, and
+hence the attention, is unchanged; values are not touched.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from moemesh.models.layers import RotaryTable
+
+
+def head_permutation(head_dim: int, rotary_dim: int) -> Tensor:
+    """perm [Dh] int64: new dim j holds old dim perm[j]."""
+    if rotary_dim % 2 or head_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+    half, rhalf = head_dim // 2, rotary_dim // 2
+    passing = list(range(rotary_dim, head_dim))
+    npass = half - rhalf  # pass-through dims in each half of the new layout
+    first = list(range(rhalf)) + passing[:npass]
+    second = list(range(rhalf, rotary_dim)) + passing[npass:]
+    return torch.tensor(first + second, dtype=torch.int64)
+
+
+def permute_heads(w: Tensor, num_heads: int, perm: Tensor) -> Tensor:
+    """Rows (or entries) [NH*Dh, ...] grouped by head -> the same with each head's dims reordered."""
+    head_dim = perm.numel()
+    return w.reshape(num_heads, head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
+
+
+def full_width_table(partial: RotaryTable, head_dim: int) -> RotaryTable:
+    """cos, sin [P, D] of the partial rope -> [P, Dh] for the permuted layout (cos 1, sin 0 elsewhere)."""
+    p, d = partial.cos.shape
+    half, rhalf = head_dim // 2, d // 2
+    cos = torch.ones(p, head_dim, dtype=partial.cos.dtype)
+    sin = torch.zeros(p, head_dim, dtype=partial.sin.dtype)
+    for dst, src in ((0, 0), (half, rhalf)):
+        cos[:, dst : dst + rhalf] = partial.cos[:, src : src + rhalf]
+        sin[:, dst : dst + rhalf] = partial.sin[:, src : src + rhalf]
+    return RotaryTable(cos=cos, sin=sin)
