@@ -26,16 +26,15 @@ class Tokenizer:
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.bos_token_id: int | None = self._special_id("bos_token", config.generation_bos_token_id)
         self.pad_token_id: int | None = self._special_id("pad_token", None)
-        eos = list(config.generation_eos_token_ids)
         tok_eos = self._special_id("eos_token", None)
+        eos = list(config.generation_eos_token_ids)
         if tok_eos is not None and tok_eos not in eos:
             eos.append(tok_eos)
         self.eos_token_ids: list[int] = eos
         self._chat_template = ChatTemplate(config.chat_template) if config.chat_template else None
+        # add_bos_token/add_eos_token apply only where tokenizer.json's post-processor does not already add them.
         self._prepend_bos = config.add_bos_token and self.bos_token_id is not None and not self._backend_adds(self.bos_token_id, first=True)
-        tok_eos_id = self._special_id("eos_token", None)
-        self._append_eos = config.add_eos_token and tok_eos_id is not None and not self._backend_adds(tok_eos_id, first=False)
-        self._eos_for_append = tok_eos_id
+        self._append_eos_id = tok_eos if config.add_eos_token and tok_eos is not None and not self._backend_adds(tok_eos, first=False) else None
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> "Tokenizer":
@@ -86,8 +85,8 @@ class Tokenizer:
         ids = list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
         if add_special_tokens and self._prepend_bos:
             ids.insert(0, self.bos_token_id)
-        if add_special_tokens and self._append_eos:
-            ids.append(self._eos_for_append)
+        if add_special_tokens and self._append_eos_id is not None:
+            ids.append(self._append_eos_id)
         return ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:

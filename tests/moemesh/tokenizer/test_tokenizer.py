@@ -172,3 +172,12 @@ def test_reasoning_aliases_and_tool_call_messages(tiny_tok_dir, tmp_path):
     ours = Tokenizer.from_model_dir(d).apply_chat_template(messages)
     theirs = transformers.AutoTokenizer.from_pretrained(str(d)).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ours == theirs == "assistant|hmm|hmm|ok;assistant|||;"
+
+
+def test_add_eos_token(tmp_path):
+    d = make_tiny_tokenizer(tmp_path)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["add_eos_token"] = True
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer.from_model_dir(d)
+    assert tok.encode("Hello") == tok.encode("Hello", add_special_tokens=False) + [2]
