@@ -1,6 +1,7 @@
 """Running an expert server as a process: `python -m expert_svc --model-dir DIR [...]`.
 
-Once serving it prints `moemesh expert_svc: serving HOST:PORT` (flushed) on stdout.
+Once serving it prints `moemesh expert_svc: serving HOST:PORT [dist=HOST:PORT] [id=SERVER_ID]`
+(flushed) on stdout.
 With `--control-addr` it registers, heartbeats and takes LoadExperts/DropExperts from the control
 plane. SIGTERM/SIGINT drain it: health NOT_SERVING, tell the control plane, let in-flight calls
 finish (at most `--drain-timeout-s`), deregister, stop.
@@ -48,7 +49,8 @@ async def run(cfg: ExpertServerConfig, stop: asyncio.Event) -> None:
             for layer, experts in placement.experts_on(agent.server_id).items():  # a re-registered server
                 await asyncio.to_thread(parts.shard.load, layer, experts)
             beats = asyncio.create_task(agent.heartbeat_forever())
-        print(f"{READY} {parts.address}" + (f" id={agent.server_id}" if agent else ""), flush=True)
+        extra = (f" dist={parts.dist.addr}" if parts.dist else "") + (f" id={agent.server_id}" if agent else "")
+        print(f"{READY} {parts.address}{extra}", flush=True)
         await stop.wait()
         await drain(parts, agent, cfg.drain_timeout_s)
     finally:

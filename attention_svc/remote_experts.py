@@ -1,0 +1,204 @@
+"""`RemoteExperts`: the attention replica's `ExpertCompute`, computing experts on expert servers.
+
+Shape legend: N rows grouped by expert, G experts in the call, H hidden; per server s: N_s rows,
+G_s experts.
+
+For one MoE layer it splits each expert's rows evenly over that expert's replicas in the current
+`Placement`, sends one request per expert server (all concurrently, through each server's
+`ExpertTransport`), and reassembles the outputs in input order.
+
+Placement changes: `set_placement(p, servers)` stages version N+1; it is adopted by `begin_step()`
+(the step loop calls it between engine steps) or, automatically, when a new forward pass starts
+(a MoE layer index lower than the previous call's), never in the middle of a step.
+`adopted_version` is the version the replica can report to the control plane: the oldest version a
+request still in flight uses, so old copies are released only after those requests finished.
+A failed call raises `ExpertServerError` naming the server; the caller may stage a new placement,
+call `begin_step()` and submit the same layer again.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from control_svc.placement.types import Placement
+from moemesh.moe.expert_compute import completed
+from moemesh.transport.base import ExpertTransport, PeerInfo
+
+
+@dataclass(frozen=True)
+class ServerRequest:
+    """What one expert server gets for one layer: rows `index` of x, grouped by `expert_ids`."""
+
+    server_id: str
+    index: Tensor  # [N_s] int64 row indices into the caller's x, grouped by expert
+    expert_ids: Tensor  # [G_s] int64 logical ids
+    counts: Tensor  # [G_s] int64
+
+
+def plan_requests(placement: Placement, layer: int, expert_ids: Tensor, counts: Tensor) -> list[ServerRequest]:
+    """Split each expert's contiguous rows into near-equal chunks over its replicas; one request per
+    server. The first replica of each chunking rotates with the expert id, so single rows spread."""
+    replicas = placement.replicas.get(layer)
+    if replicas is None:
+        raise KeyError(f"placement v{placement.version} has no layer {layer}")
+    per_server: dict[str, tuple[list[Tensor], list[int], list[int]]] = {}
+    start = 0
+    for e, n in zip(expert_ids.tolist(), counts.tolist()):
+        if not 0 <= e < len(replicas):
+            raise ValueError(f"expert_ids: expert {e} is outside placement v{placement.version} layer {layer} ({len(replicas)} experts)")
+        copies = replicas[e]
+        r = len(copies)
+        base, extra = divmod(n, r)
+        offset = start
+        for k in range(r):
+            take = base + (1 if k < extra else 0)
+            if take == 0:
+                continue
+            server = copies[(e + k) % r]
+            rows, ids, cnts = per_server.setdefault(server, ([], [], []))
+            rows.append(torch.arange(offset, offset + take))
+            ids.append(e)
+            cnts.append(take)
+            offset += take
+        start += n
+    return [
+        ServerRequest(s, torch.cat(rows), torch.tensor(ids, dtype=torch.int64), torch.tensor(cnts, dtype=torch.int64))
+        for s, (rows, ids, cnts) in sorted(per_server.items())
+    ]
+
+
+class RemoteExperts:
+    def __init__(self, placement: Placement, servers: Mapping[str, PeerInfo], transport_for: Callable[[PeerInfo], ExpertTransport]):
+        """servers: id -> PeerInfo of (at least) every server the placement names;
+        transport_for(peer) opens a transport (e.g. functools.partial(open_transport, mode=..., ...))."""
+        self.transport_for = transport_for
+        self._lock = threading.Lock()
+        self._transports: dict[str, tuple[PeerInfo, ExpertTransport]] = {}
+        self._in_flight: Counter[int] = Counter()  # placement version -> calls in flight
+        self._staged: tuple[Placement, dict[str, PeerInfo]] | None = None
+        self._retired: list[tuple[int, ExpertTransport]] = []  # (version that retired it, transport)
+        self._last_layer = -1
+        self.placement = Placement(version=0)
+        self._install(placement, dict(servers))
+
+    # ---- placement ---------------------------------------------------------------------------
+    def set_placement(self, placement: Placement, servers: Mapping[str, PeerInfo]) -> None:
+        """Stage `placement`; adopted at the next step boundary."""
+        missing = sorted(set(placement.servers()) - set(servers))
+        if missing:
+            raise ValueError(f"servers: placement v{placement.version} names servers without an address: {missing}")
+        with self._lock:
+            if placement.version <= max(self.placement.version, self._staged[0].version if self._staged else 0):
+                return  # an old or repeated version: nothing to do
+            self._staged = (placement, dict(servers))
+
+    def begin_step(self) -> int:
+        """Adopt a staged placement (call between steps); returns the version now used."""
+        with self._lock:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            self._install(*staged)
+        else:
+            self._close_retired()
+        return self.placement.version
+
+    @property
+    def adopted_version(self) -> int:
+        """The oldest placement version a call in flight still uses (the current one when idle)."""
+        with self._lock:
+            live = [v for v, n in self._in_flight.items() if n > 0]
+            return min(live + [self.placement.version])
+
+    def _install(self, placement: Placement, servers: dict[str, PeerInfo]) -> None:
+        missing = sorted(set(placement.servers()) - set(servers))
+        if missing:
+            raise ValueError(f"servers: placement v{placement.version} names servers without an address: {missing}")
+        opened: dict[str, tuple[PeerInfo, ExpertTransport]] = {}
+        for sid in placement.servers():
+            have = self._transports.get(sid)
+            if have is not None and have[0].address == servers[sid].address:
+                opened[sid] = have
+            else:
+                opened[sid] = (servers[sid], self.transport_for(servers[sid]))
+        kept = {id(t) for _, t in opened.values()}
+        with self._lock:
+            for _, t in self._transports.values():
+                if id(t) not in kept:  # closed once no call of an older version is in flight
+                    self._retired.append((placement.version, t))
+            self._transports = opened
+            self.placement = placement
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        adopted = self.adopted_version
+        with self._lock:
+            done = [t for v, t in self._retired if v <= adopted]
+            self._retired = [(v, t) for v, t in self._retired if v > adopted]
+        for t in done:
+            t.close()
+
+    # ---- ExpertCompute -----------------------------------------------------------------------
+    def submit(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor) -> Future:
+        """x [N, H] rows grouped by expert; expert_ids [G]; counts [G] -> Future of [N, H]."""
+        if layer < self._last_layer:
+            self.begin_step()  # a new forward pass: a step boundary
+        self._last_layer = layer
+        if x.shape[0] == 0:
+            return completed(torch.empty_like(x))
+        with self._lock:
+            placement = self.placement
+            transports = {sid: t for sid, (_, t) in self._transports.items()}
+        if placement.version == 0:
+            raise RuntimeError("no placement yet: the control plane has not placed the experts")
+        requests = plan_requests(placement, layer, expert_ids.cpu(), counts.cpu())
+        out = torch.empty_like(x)  # [N, H]
+        result: Future = Future()
+        pending = [len(requests)]
+        self._enter(placement.version)
+
+        def done(req: ServerRequest, fut: Future) -> None:
+            try:
+                y = fut.result()  # [N_s, H]
+                if not result.done():
+                    out.index_copy_(0, req.index.to(out.device), y)
+            except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
+                if not result.done():
+                    result.set_exception(e)
+            with self._lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                self._leave(placement.version)
+                if not result.done():
+                    result.set_result(out)
+
+        for req in requests:
+            xs = x.index_select(0, req.index.to(x.device))  # [N_s, H]
+            try:
+                fut = transports[req.server_id].forward(layer, xs, req.expert_ids, req.counts, placement.version)
+            except Exception as e:  # noqa: BLE001 - e.g. encoding failed: report like a failed call
+                fut = Future()
+                fut.set_exception(e)
+            fut.add_done_callback(lambda f, r=req: done(r, f))
+        return result
+
+    def _enter(self, version: int) -> None:
+        with self._lock:
+            self._in_flight[version] += 1
+
+    def _leave(self, version: int) -> None:
+        with self._lock:
+            self._in_flight[version] -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            transports = [t for _, t in self._transports.values()] + [t for _, t in self._retired]
+            self._transports, self._retired = {}, []
+        for t in transports:
+            t.close()

@@ -1,0 +1,51 @@
+"""`ExpertTransport`: one expert server as seen from an attention replica.
+
+Shape legend: N rows grouped by expert, G experts in the request, H hidden.
+
+    fut = transport.forward(layer, x[N, H], expert_ids[G], counts[G], placement_version)
+    y = fut.result()            # [N, H] in x.dtype, on x.device
+
+Implementations: `GrpcTransport` (any host; the tensors ride in the gRPC message) and
+`DistTransport` (same node; gRPC carries ids and shapes, the tensors go over a torch.distributed
+pair group). `open_transport` picks one per peer. Failures surface as `ExpertServerError`.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Protocol
+
+import grpc
+from torch import Tensor
+
+
+class PeerInfo(Protocol):
+    """What a transport needs to know about an expert server (control_svc.wire.ServerInfo fits)."""
+
+    server_id: str
+    address: str
+    host_id: str
+    dist_addr: str
+
+
+class ExpertServerError(RuntimeError):
+    """An expert server failed a request; names the server, carries the gRPC status when there is one."""
+
+    def __init__(self, server_id: str, address: str, message: str, code: grpc.StatusCode | None = None):
+        super().__init__(f"expert server {server_id} ({address}): {message}")
+        self.server_id = server_id
+        self.address = address
+        self.code = code
+
+
+class ExpertTransport(Protocol):
+    server_id: str
+
+    def forward(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor, placement_version: int = 0) -> Future:
+        """Future resolving to y [N, H] (x.dtype, x.device), or failing with ExpertServerError."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def rpc_error(peer: PeerInfo, e: grpc.aio.AioRpcError) -> ExpertServerError:
+    return ExpertServerError(peer.server_id, peer.address, f"{e.code().name}: {e.details()}", e.code())

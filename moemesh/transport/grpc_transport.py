@@ -1,0 +1,63 @@
+"""`GrpcTransport`: Forward calls to one expert server with the tensors inside the gRPC message."""
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import grpc
+from torch import Tensor
+
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.loop_thread import LoopThread
+from moemesh.rpc.protos import load
+from moemesh.rpc.server import make_channel
+from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error
+from moemesh.transport.codec import CodecError, decode, encode
+
+expert_pb2, expert_grpc = load("expert")
+
+
+class GrpcTransport:
+    def __init__(self, peer: PeerInfo, rpc: RpcConfig, loop: LoopThread, timeout_s: float = 60.0):
+        self.peer = peer
+        self.server_id = peer.server_id
+        self.rpc = rpc
+        self.loop = loop
+        self.timeout_s = timeout_s
+        self._channel = None
+        self._stub = None
+
+    def stub(self):
+        """The aio stub, created on the loop thread on first use (aio channels belong to a loop)."""
+        if self._stub is None:
+            self._channel = make_channel(self.peer.address, self.rpc)
+            self._stub = expert_grpc.ExpertServiceStub(self._channel)
+        return self._stub
+
+    def forward(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor, placement_version: int = 0) -> Future:
+        """x [N, H], expert_ids [G], counts [G] -> Future of y [N, H]."""
+        req = expert_pb2.ForwardRequest(
+            layer=layer, placement_version=placement_version, expert_ids=expert_ids.tolist(), counts=counts.tolist()
+        )
+        encode(x, out=req.x)
+        return self.loop.submit(self._call(req, x))
+
+    async def _call(self, req, x: Tensor) -> Tensor:
+        try:
+            resp = await self.stub().Forward(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise rpc_error(self.peer, e) from None
+        try:
+            y = decode(resp.y, field="y", max_bytes=self.rpc.max_message_bytes, ndim=2)
+        except CodecError as e:
+            raise ExpertServerError(self.server_id, self.peer.address, f"bad reply: {e}") from None
+        if y.shape != x.shape:
+            raise ExpertServerError(self.server_id, self.peer.address, f"reply y has shape {list(y.shape)}, expected {list(x.shape)}")
+        return y.to(x.device)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel, self._stub = self._channel, None, None
+            try:
+                self.loop.run(channel.close(), 5)
+            except RuntimeError:  # the loop is already gone
+                pass
