@@ -13,9 +13,14 @@ class ExpertBackend:
     """In-process experts: nothing to register, close or follow."""
 
     compute = None
+    on_placement = None  # remote backends call it when a new placement awaits adoption
 
     def placement_version(self) -> int:
         return 0
+
+    def begin_step(self) -> None:
+        """Called by the step loop between engine steps (adopts a staged placement)."""
+        return None
 
     async def register(self, address: str) -> None:
         return None

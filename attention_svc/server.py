@@ -42,7 +42,9 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
 
     experts = await open_experts(cfg)
     engine = await asyncio.to_thread(LLMEngine, cfg.engine_config(), experts.compute)
-    replica = AttentionReplica(engine, StepLoop(engine), experts.placement_version)
+    loop = StepLoop(engine, between_steps=experts.begin_step)
+    experts.on_placement = loop.wake
+    replica = AttentionReplica(engine, loop, experts.placement_version)
     mesh = build_server(cfg.rpc, Service(pb_grpc.add_AttentionServicer_to_server, AttentionServicer(replica), SERVICE_NAME))
     port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
     await experts.register(f"{cfg.host}:{port}")

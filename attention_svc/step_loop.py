@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class StepLoop:
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, between_steps=lambda: None) -> None:
         self.engine = engine
+        self.between_steps = between_steps  # e.g. adopt a staged expert placement
         self._adds: list[tuple[str, list[int], SamplingParams]] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
@@ -47,6 +48,10 @@ class StepLoop:
         self._wake.set()
         return True
 
+    def wake(self) -> None:
+        """Runs one loop iteration even when idle (e.g. to adopt a new placement)."""
+        self._wake.set()
+
     @property
     def waiting(self) -> int:
         return len(self._adds) + len(self.engine.scheduler.waiting)
@@ -59,6 +64,7 @@ class StepLoop:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            self.between_steps()
             self._apply_queued()
             if not self.engine.has_unfinished():
                 self._wake.clear()

@@ -1,0 +1,153 @@
+"""`RemoteBackend`: experts on the mesh's expert servers, following the control plane.
+
+    open:  register this replica's address later; watch placements; wait for the first one (v >= 1)
+    run:   every new placement is staged on `RemoteExperts` and adopted at the next step boundary;
+           heartbeats report the adopted version so the control plane can release old copies
+    close: stop watching, close the transports
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from concurrent.futures import Future
+
+import grpc
+import torch
+
+from attention_svc.config import AttentionConfig
+from attention_svc.experts import ExpertBackend
+from attention_svc.remote_experts import RemoteExperts
+from control_svc.wire import control_grpc, control_pb2, placement_from_proto, server_from_proto
+from moemesh.rpc.loop_thread import LoopThread
+from moemesh.rpc.server import make_channel
+from moemesh.transport.dist_transport import open_transport
+
+log = logging.getLogger(__name__)
+
+FIRST_PLACEMENT_TIMEOUT_S = 300.0
+
+
+class InferenceModeTransport:
+    """Completes an expert transport's futures inside `torch.inference_mode()`.
+
+    `RemoteExperts` copies each server's rows into an output tensor the engine allocated under
+    inference mode, from the done-callback of the transport's future; that callback runs on the
+    transport's thread, which must be in inference mode too for the in-place copy to be allowed.
+    """
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.server_id = inner.server_id
+
+    def forward(self, layer, x, expert_ids, counts, placement_version=0) -> Future:
+        outer: Future = Future()
+
+        def relay(fut: Future) -> None:
+            with torch.inference_mode():
+                try:
+                    outer.set_result(fut.result())
+                except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
+                    outer.set_exception(e)
+
+        self.inner.forward(layer, x, expert_ids, counts, placement_version).add_done_callback(relay)
+        return outer
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def open_inference_transport(peer, **kw) -> InferenceModeTransport:
+    return InferenceModeTransport(open_transport(peer, **kw))
+
+
+def decode_update(msg):
+    """PlacementUpdate -> (Placement, {server id: ServerInfo})."""
+    return placement_from_proto(msg.placement), {s.server_id: server_from_proto(s) for s in msg.servers}
+
+
+class RemoteBackend(ExpertBackend):
+    def __init__(self, cfg: AttentionConfig) -> None:
+        self.cfg = cfg
+        self.channel = make_channel(cfg.control, cfg.rpc)
+        self.stub = control_grpc.ControlServiceStub(self.channel)
+        self.io = LoopThread("attention-experts")
+        self.compute: RemoteExperts | None = None
+        self.replica_id = ""
+        self.on_placement = lambda: None  # set by the server: wakes the step loop to adopt it
+        self._tasks: list[asyncio.Task] = []
+
+    async def open(self) -> None:
+        """Waits for the control plane's first placement and builds `RemoteExperts` on it."""
+        updates = self.stub.WatchPlacement(control_pb2.WatchPlacementRequest(after_version=0), wait_for_ready=True)
+        try:
+            first = await asyncio.wait_for(self._first_placement(updates), FIRST_PLACEMENT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            updates.cancel()
+            raise RuntimeError(f"control: no expert placement from {self.cfg.control} within {FIRST_PLACEMENT_TIMEOUT_S:.0f}s")
+        transport_for = functools.partial(open_inference_transport, mode=self.cfg.transport, rpc=self.cfg.rpc, loop=self.io)
+        self.compute = RemoteExperts(*first, transport_for=transport_for)
+        self._tasks.append(asyncio.create_task(self._follow(updates)))
+
+    async def _first_placement(self, updates):
+        async for msg in updates:
+            placement, servers = decode_update(msg)
+            if placement.version >= 1:
+                return placement, servers
+        raise RuntimeError(f"control: {self.cfg.control} closed the placement stream before placing any expert")
+
+    async def _follow(self, updates) -> None:
+        try:
+            async for msg in updates:
+                placement, servers = decode_update(msg)
+                self.compute.set_placement(placement, servers)
+                self.on_placement()
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                log.error("placement stream from the control plane ended: %s", e.details())
+
+    def placement_version(self) -> int:
+        return self.compute.placement.version if self.compute else 0
+
+    def begin_step(self) -> None:
+        if self.compute is not None:
+            self.compute.begin_step()
+
+    async def register(self, address: str) -> None:
+        resp = await self.stub.RegisterAttentionReplica(control_pb2.RegisterAttentionReplicaRequest(address=address), timeout=30)
+        self.replica_id = resp.replica_id
+        self._tasks.append(asyncio.create_task(self._heartbeat(address, resp.heartbeat_interval_s or 1.0)))
+
+    async def _heartbeat(self, address: str, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            req = control_pb2.HeartbeatRequest(id=self.replica_id, adopted_version=self.compute.adopted_version)
+            try:
+                resp = await self.stub.Heartbeat(req, timeout=5)
+                if not resp.known:
+                    reg = await self.stub.RegisterAttentionReplica(
+                        control_pb2.RegisterAttentionReplicaRequest(address=address), timeout=5)
+                    self.replica_id = reg.replica_id
+            except grpc.aio.AioRpcError as e:
+                log.warning("heartbeat to the control plane failed: %s", e.details())
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self.compute is not None:
+            self.compute.close()
+        self.io.close()
+        await self.channel.close()
+
+
+async def open_remote_experts(cfg: AttentionConfig) -> RemoteBackend:
+    backend = RemoteBackend(cfg)
+    try:
+        await backend.open()
+    except BaseException:
+        await backend.close()
+        raise
+    return backend
