@@ -1,8 +1,8 @@
 """The torch implementation of the grouped expert MLP (any device; the CPU path).
 
 Per chunk of experts: dequantize their weights into the compute dtype (x.dtype), then one grouped
-matmul per projection over the rows grouped by expert (`torch._grouped_mm` with row offsets, which
-takes zero-row experts). Dense weights already in x.dtype, with experts in ascending order, are used
+matmul per projection over the rows grouped by expert (a bmm when every expert has the same row
+count, else `torch._grouped_mm` with row offsets, which takes zero-row experts). Dense weights already in x.dtype, with experts in ascending order, are used
 in place over all E (no gather, no copy). Nothing is cached between calls.
 
 Shape legend:
@@ -21,7 +21,12 @@ GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _matmul_grouped(x: Tensor, w_t: Tensor, counts: list[int]) -> Tensor:
-    """x [n, K], w_t [g, K, M] (transposed weights), counts [g] summing to n -> [n, M]."""
+    """x [n, K], w_t [g, K, M] (transposed weights), counts [g] summing to n -> [n, M].
+
+    Every expert with the same row count (c > 0): one bmm; otherwise one grouped matmul with row
+    offsets (float32/bfloat16), or a loop over experts for other dtypes."""
+    if counts and counts[0] > 0 and all(c == counts[0] for c in counts):
+        return torch.bmm(x.view(len(counts), counts[0], -1), w_t).reshape(x.shape[0], -1)
     if x.dtype in GROUPED_MM_DTYPES and w_t.dtype == x.dtype:
         offs = torch.tensor(counts, dtype=torch.int32, device=x.device).cumsum(0, dtype=torch.int32)
         return torch._grouped_mm(x, w_t, offs=offs)

@@ -40,6 +40,17 @@ def decode_e2m1(codes: Tensor) -> Tensor:
     return lut[(codes & 0x0F).long()]
 
 
+def decode_packed_e2m1(packed: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """bytes [..., K/2] uint8 -> values [..., K] in dtype (exact for float32/bfloat16/float16), via a
+    256-entry table of value pairs: one gather per byte, no separate unpack."""
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"packed: expected uint8, got {packed.dtype}")
+    single = torch.tensor(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=dtype, device=packed.device)
+    pairs = torch.stack([single.repeat(16), single.repeat_interleave(16)], dim=-1)  # [256, 2]: byte = lo | hi << 4
+    out = pairs.index_select(0, packed.reshape(-1).int())  # [bytes, 2]
+    return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
 def pack_nibbles(codes: Tensor) -> Tensor:
     """codes [..., K] uint8 (K even) -> bytes [..., K/2]; element 2i in the low nibble."""
     if codes.shape[-1] % 2:

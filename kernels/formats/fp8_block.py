@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows
+from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows, pad_last
 
 FP8_MAX = 448.0
 DEFAULT_BLOCK = (128, 128)
@@ -73,11 +73,13 @@ class FP8BlockExperts:
         return (rows // seg_rows) * per_seg + (rows % seg_rows) // self.block[0]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
-        """-> [E', N, K] in dtype (E' = len(experts), or E)."""
+        """-> [E', N, K] in dtype: weight * scale in float32, then cast."""
         w = expert_rows(self.weight, experts).float()  # [E', N, K]
+        e, n, k = w.shape
+        bk = self.block[1]
         s = expert_rows(self.scale, experts)[:, self.row_to_scale_row()]  # [E', N, KB]
-        s = s.repeat_interleave(self.block[1], dim=-1)[..., : w.shape[-1]]  # [E', N, K]
-        return (w * s).to(dtype)
+        w = pad_last(w, bk).unflatten(-1, (-1, bk)).mul_(s.unsqueeze(-1))  # [E', N, KB, BK]
+        return w.flatten(-2)[..., :k].to(dtype)
 
     def select(self, experts: Tensor) -> "FP8BlockExperts":
         return FP8BlockExperts(expert_rows(self.weight, experts), expert_rows(self.scale, experts), self.block, self.segments)

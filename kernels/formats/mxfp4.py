@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, expert_rows, pad_last
-from kernels.formats.e2m1 import decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
+from kernels.formats.e2m1 import decode_packed_e2m1, encode_e2m1, pack_nibbles
 
 BLOCK = 32
 E8M0_BIAS = 127
@@ -64,11 +64,12 @@ class MXFP4Experts:
         return self.blocks.device
 
     def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
-        """-> [E', N, K] in dtype."""
-        blocks = expert_rows(self.blocks, experts)  # [E', N, KB, 16]
-        codes = unpack_nibbles(blocks)  # [E', N, KB, 32]
+        """-> [E', N, K] in dtype. E2M1 times a power of two is exact in float32 and bfloat16 (same
+        exponent range), so those are produced directly; other dtypes go through float32."""
+        work = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+        vals = decode_packed_e2m1(expert_rows(self.blocks, experts), work)  # [E', N, KB, 32]
         exps = expert_rows(self.scales, experts).to(torch.int32) - E8M0_BIAS  # [E', N, KB]
-        vals = torch.ldexp(decode_e2m1(codes), exps.unsqueeze(-1).float())  # [E', N, KB, 32]
+        vals.mul_(torch.exp2(exps.float()).to(work).unsqueeze(-1))
         return vals.flatten(-2)[..., : self.k].to(dtype)
 
     def select(self, experts: Tensor) -> "MXFP4Experts":

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows, pad_last
-from kernels.formats.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
+from kernels.formats.e2m1 import E2M1_MAX, decode_packed_e2m1, encode_e2m1, pack_nibbles
 
 BLOCK = 16
 FP8_MAX = 448.0
@@ -83,11 +83,11 @@ class NVFP4Experts:
         return expert_rows(self.weight_scale_2, experts)[:, seg]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
-        """-> [E', N, K] in dtype."""
-        codes = unpack_nibbles(expert_rows(self.weight, experts))  # [E', N, KP]
-        vals = decode_e2m1(codes).unflatten(-1, (-1, BLOCK))  # [E', N, KP/16, 16]
+        """-> [E', N, K] in dtype: e2m1 * (weight_scale * weight_scale_2) in float32, then cast."""
+        packed = expert_rows(self.weight, experts)  # [E', N, KP/2]
+        vals = decode_packed_e2m1(packed).unflatten(-1, (-1, BLOCK))  # [E', N, KP/16, 16]
         scale = expert_rows(self.weight_scale, experts).float() * self.row_scale_2(experts).unsqueeze(-1)  # [E', N, KP/16]
-        return (vals * scale.unsqueeze(-1)).flatten(-2)[..., : self.k].to(dtype)
+        return vals.mul_(scale.unsqueeze(-1)).flatten(-2)[..., : self.k].to(dtype)
 
     def select(self, experts: Tensor) -> "NVFP4Experts":
         inp = None if self.input_scale is None else expert_rows(self.input_scale, experts)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.formats.e2m1 import E2M1_MAGNITUDES, decode_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
+from kernels.formats.e2m1 import E2M1_MAGNITUDES, decode_e2m1, decode_packed_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
 from tests.kernels.oracles import torchao_mxfp4_floor  # noqa: F401  (imports torchao once, warnings silenced)
 
 
@@ -45,3 +45,11 @@ def test_pack_low_nibble_first_and_round_trip():
 def test_pack_rejects_odd_length():
     with pytest.raises(ValueError, match="codes"):
         pack_nibbles(torch.zeros(3, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_packed_equals_unpack_then_decode(dtype):
+    packed = torch.arange(256, dtype=torch.uint8).reshape(4, 64)
+    got = decode_packed_e2m1(packed, dtype)
+    assert got.dtype == dtype and got.shape == (4, 128)
+    assert torch.equal(got.float(), decode_e2m1(unpack_nibbles(packed)))
