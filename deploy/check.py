@@ -18,7 +18,7 @@
   the service's config dataclass accepts (`moemesh serve` derives the same names), with a value
   that field can read;
 - each `moemesh serve <service>` container binds 0.0.0.0 on the port its container and probes
-  declare; Service target ports exist on the selected pods; the internal NetworkPolicy admits
+  declare; a port named `metrics` is the service's `metrics_port` field's value; Service target ports exist on the selected pods; the internal NetworkPolicy admits
   every internal service's port;
 - terminationGracePeriodSeconds >= preStop sleep + the server's drain timeout + gRPC shutdown grace;
 - expert servers advertise `$(POD_IP):<port>` from the downward API and know the control plane;
@@ -285,6 +285,12 @@ def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list
                 out.append(f"{_name(o)}: {service} binds {host!r}, unreachable from other pods")
             if service in INTERNAL:
                 internal_ports.add(port)
+            metrics = next((p.get("containerPort") for p in c.get("ports", []) if p.get("name") == "metrics"), None)
+            if metrics is not None:
+                if "metrics_port" not in fields[service]:
+                    out.append(f"{_name(o)}: declares a metrics port but `moemesh serve {service}` has no metrics_port field")
+                elif config_value(service, "metrics_port", env, fields) != metrics:
+                    out.append(f"{_name(o)}: {service} serves metrics on {config_value(service, 'metrics_port', env, fields)}, declares {metrics}")
     for o in objs:
         if o.get("kind") == "Service":
             selected = [w for w in _workloads(objs) if _selects({"matchLabels": o["spec"].get("selector", {})}, _template_labels(w))]

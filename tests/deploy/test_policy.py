@@ -1,0 +1,67 @@
+import pytest
+
+from deploy.check import load_config_classes, violations
+from tests.deploy.manifests import OVERLAYS, find, rendered
+
+
+@pytest.fixture(scope="module")
+def configs():
+    return load_config_classes()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rendered_manifests_pass_every_rule(overlay, configs):
+    assert violations(rendered(overlay), configs) == []
+
+
+def pod(objs, name):
+    return find(objs, "Deployment", name)["spec"]["template"]["spec"]
+
+
+def container(objs, name):
+    return pod(objs, name)["containers"][0]
+
+
+def set_env(c, name, value):
+    c["env"] = [e for e in c["env"] if e["name"] != name] + [{"name": name, "value": value}]
+
+
+# each mutation breaks one rule; the checker must report it (message fragment)
+MUTATIONS = [
+    ("probe removed", lambda o: container(o, "router").pop("livenessProbe"), "no gRPC livenessProbe"),
+    ("probe on the wrong port", lambda o: container(o, "attention")["readinessProbe"]["grpc"].update(port=1), "readinessProbe port 1"),
+    ("no memory limit", lambda o: container(o, "control")["resources"]["limits"].pop("memory"), "no memory limit"),
+    ("gpu without a limit", lambda o: set_env(container(o, "experts-b"), "MOEMESH_EXPERT_DEVICE", "cuda:0"), "without an nvidia.com/gpu limit"),
+    ("root filesystem writable", lambda o: container(o, "experts-a")["securityContext"].update(readOnlyRootFilesystem=False), "not read-only"),
+    ("escalation allowed", lambda o: container(o, "router")["securityContext"].pop("allowPrivilegeEscalation"), "privilege escalation"),
+    ("capabilities kept", lambda o: container(o, "router")["securityContext"]["capabilities"].update(drop=["NET_RAW"]), "capabilities"),
+    ("runs as root", lambda o: pod(o, "control")["securityContext"].update(runAsUser=0), "runs as uid 0"),
+    ("root allowed", lambda o: (pod(o, "control")["securityContext"].pop("runAsNonRoot"),
+                                container(o, "control")["securityContext"].pop("runAsNonRoot")), "runAsNonRoot is not true"),
+    ("selector drift", lambda o: find(o, "Deployment", "router")["spec"]["selector"]["matchLabels"].update(x="y"), "selector does not match"),
+    ("service selects nothing", lambda o: find(o, "Service", "control")["spec"]["selector"].update(app="nope"), "selects no pods"),
+    ("pool without a PDB", lambda o: o.remove(find(o, "PodDisruptionBudget", "experts-b")), "experts-b: no PodDisruptionBudget"),
+    ("pool without an HPA", lambda o: o.remove(find(o, "HorizontalPodAutoscaler", "experts-a")), "experts-a: no HorizontalPodAutoscaler"),
+    ("PDB over two pools", lambda o: find(o, "PodDisruptionBudget", "experts-a")["spec"]["selector"]["matchLabels"].pop("moemesh.io/pool"), "selects 2 Deployments"),
+    ("unknown config key", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_EXPERT_TOP_KAY="2"), "has no field 'top_kay'"),
+    ("unknown service", lambda o: set_env(container(o, "router"), "MOEMESH_GATEWAY_PORT", "1"), "names no service"),
+    ("unreadable value", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_CONTROL_EXPECTED_EXPERT_SERVERS="many"), "cannot read"),
+    ("port mismatch", lambda o: set_env(container(o, "experts-a"), "MOEMESH_EXPERT_PORT", "50099"), "binds port 50099"),
+    ("loopback bind", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].pop("MOEMESH_ATTENTION_HOST"), "binds '127.0.0.1'"),
+    ("metrics port the service does not serve",
+     lambda o: container(o, "router")["ports"].append({"name": "metrics", "containerPort": 9400}), "metrics"),
+    ("bad target port", lambda o: find(o, "Service", "router")["spec"]["ports"][0].update(targetPort="http"), "targetPort 'http'"),
+    ("policy misses a port", lambda o: find(o, "NetworkPolicy", "mesh-internal")["spec"]["ingress"][0]["ports"].pop(1), "internal port 50061"),
+    ("grace too short", lambda o: pod(o, "experts-a").update(terminationGracePeriodSeconds=30), "terminationGracePeriodSeconds 30 < "),
+    ("drain longer than grace", lambda o: set_env(container(o, "experts-b"), "MOEMESH_EXPERT_DRAIN_TIMEOUT_S", "600"), "< preStop + drain"),
+    ("no pod address", lambda o: container(o, "experts-a")["env"].pop(0), "does not advertise its pod IP"),
+    ("model writable", lambda o: pod(o, "attention")["volumes"][0]["persistentVolumeClaim"].pop("readOnly"), "model claim is not readOnly"),
+]
+
+
+@pytest.mark.parametrize("what, mutate, message", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_each_rule_catches_its_mistake(what, mutate, message, configs):
+    objs = rendered("base")
+    mutate(objs)
+    found = violations(objs, configs)
+    assert any(message in v for v in found), found
