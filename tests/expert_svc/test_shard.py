@@ -75,3 +75,18 @@ def test_bad_requests_name_the_field(moe_dir, layer, x, ids, counts, match):
     shard.load(0, [0, 1])
     with pytest.raises(BadForward, match=match):
         shard.forward(layer, x, ids, counts)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4", "nvfp4"])
+def test_quantized_experts_match_the_in_process_engine(moe_dir, fmt):
+    from moemesh.checkpoint import CheckpointReader
+    from moemesh.config import ModelConfig
+    from moemesh.moe.local_experts import LocalExperts
+
+    cfg = ModelConfig.from_model_dir(moe_dir)
+    local = LocalExperts.from_checkpoint(CheckpointReader(moe_dir), cfg, torch.float32, fmt)
+    shard = make_shard(moe_dir, experts_dtype=fmt)
+    shard.load(1, [3, 4, 6])
+    x, ids, counts = routed_rows(11, [6, 3])
+    want = local.submit(1, x, ids, counts).result()
+    torch.testing.assert_close(shard.forward(1, x, ids.tolist(), counts.tolist()), want, rtol=1e-5, atol=1e-6)

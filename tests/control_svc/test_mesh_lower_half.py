@@ -1,0 +1,72 @@
+"""Control plane + expert servers (registered through their ControlAgent) + an attention replica's
+RemoteExperts following the placement: the initial placement and one live switch, end to end."""
+import asyncio
+import functools
+
+import torch
+
+from attention_svc.remote_experts import RemoteExperts
+from control_svc.client import AttentionControlClient
+from control_svc.config import ControlConfig
+from control_svc.placement.types import Placement
+from control_svc.server import build_control_server
+from expert_svc.control_agent import ControlAgent
+from expert_svc.serve import server_info
+from expert_svc.servicer import stats_message
+from kernels import grouped_expert_mlp
+from moemesh.rpc.config import RpcConfig
+from moemesh.transport.dist_transport import open_transport
+from tests.expert_svc.fixtures import all_weights, in_loop, routed_rows, running_expert_servers
+
+
+def test_initial_placement_then_live_switch(moe_dir, loop):
+    cfg, weights = all_weights(moe_dir)
+    control = loop.run(in_loop(build_control_server, ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0)), 30)
+    loop.run(control.server.start(), 30)
+    try:
+        with running_expert_servers(moe_dir, 2, loop, transport="grpc") as experts:
+            async def register_all():
+                agents = [ControlAgent(control.address, RpcConfig(), server_info(p), lambda p=p: stats_message(p.shard)) for p in experts]
+                for a in agents:
+                    await a.register()
+                client = AttentionControlClient(control.address, RpcConfig())
+                await client.register("127.0.0.1:9")
+                placement, servers = await client.wait_placement(20)
+                return agents, client, placement, servers
+
+            agents, client, placement, servers = loop.run(register_all(), 30)
+            assert placement.version == 1 and set(servers) == {a.server_id for a in agents}
+            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="auto", rpc=RpcConfig(), loop=loop))
+            follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
+            x, ids, counts = routed_rows(30, list(range(8)))
+            for layer in cfg.moe_layers:
+                torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
+
+            # live switch: every expert of every layer moves to the first server
+            first = agents[0].server_id
+            v2 = Placement(2, {l: tuple((first,) for _ in range(8)) for l in cfg.moe_layers})
+            switch = loop.submit(control.plane.switch.switch(v2))
+            for _ in range(200):  # the next step adopts v2 once it is committed
+                if remote.begin_step() == 2:
+                    break
+                loop.run(asyncio.sleep(0.02), 5)
+            assert remote.placement.version == 2
+            switch.result(20)  # release waited for our heartbeat with adopted_version 2
+            assert experts[0].shard.held() == {l: tuple(range(8)) for l in cfg.moe_layers}
+            assert experts[1].shard.held() == {}  # old copies dropped
+            for layer in cfg.moe_layers:
+                torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
+            follow.cancel()
+            remote.close()
+
+            async def close_all():
+                for a in agents:
+                    await a.deregister()
+                    await a.close()
+                await client.close()
+
+            loop.run(close_all(), 20)
+            assert control.plane.registry.experts == {}
+    finally:
+        loop.run(control.server.shutdown(0.2), 30)
+        loop.run(control.ops.close(), 30)

@@ -1,0 +1,120 @@
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from expert_svc.serve import drain
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.protos import load
+from moemesh.rpc.server import make_channel
+from moemesh.transport.codec import decode, encode
+from tests.expert_svc.fixtures import routed_rows, running_expert_servers
+
+expert_pb2, expert_grpc = load("expert")
+control_pb2, control_grpc = load("control")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+        release = threading.Event()
+        real = srv.shard.forward
+
+        def slow_forward(*args):
+            release.wait(10)
+            return real(*args)
+
+        srv.shard.forward = slow_forward
+        x, ids, counts = routed_rows(8, [1, 2])
+        req = expert_pb2.ForwardRequest(layer=0, expert_ids=ids.tolist(), counts=counts.tolist())
+        encode(x, out=req.x)
+
+        async def scenario():
+            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+                call = asyncio.ensure_future(expert_grpc.ExpertServiceStub(ch).Forward(req, timeout=20))
+                while srv.shard.stats.in_flight == 0:
+                    await asyncio.sleep(0.01)
+                draining = asyncio.ensure_future(drain(srv, None, timeout_s=10))
+                await asyncio.sleep(0.2)
+                status = (await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())).status
+                assert not draining.done()  # waits for the call in flight
+                release.set()
+                y = decode((await call).y)
+                await draining
+                return status, y
+
+        status, y = loop.run(scenario(), 30)
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert y.shape == x.shape
+
+        async def after():
+            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+                await expert_grpc.ExpertServiceStub(ch).GetStats(expert_pb2.GetStatsRequest(), timeout=2)
+
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            loop.run(after(), 10)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def spawn(args):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if " serving " not in line:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{args[0]} did not start: {line!r}")
+    return proc, line.split()
+
+
+def stop(proc, timeout_s=20):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
+    control, words = spawn(["control_svc", "--model-dir", str(moe_dir), "--expected-expert-servers", "1"])
+    control_addr = words[3]
+    expert = None
+    try:
+        expert, words = spawn(["expert_svc", "--model-dir", str(moe_dir), "--control-addr", control_addr, "--transport", "grpc", "--drain-timeout-s", "5"])
+        server_id = words[-1].removeprefix("id=")
+
+        async def placement_version():
+            async with make_channel(control_addr, RpcConfig()) as ch:
+                stub = control_grpc.ControlServiceStub(ch)
+                for _ in range(200):
+                    p = await stub.GetPlacement(control_pb2.GetPlacementRequest())
+                    if p.placement.version:
+                        return p
+                    await asyncio.sleep(0.05)
+
+        update = loop.run(placement_version(), 30)
+        assert [s.server_id for s in update.servers] == [server_id]
+        started = time.monotonic()
+        assert stop(expert) == 0
+        assert time.monotonic() - started < 5 + 5
+
+        async def known():
+            async with make_channel(control_addr, RpcConfig()) as ch:
+                return (await control_grpc.ControlServiceStub(ch).Heartbeat(control_pb2.HeartbeatRequest(id=server_id))).known
+
+        assert loop.run(known(), 10) is False  # deregistered
+    finally:
+        if expert is not None:
+            stop(expert)
+        assert stop(control) == 0
