@@ -18,6 +18,7 @@ from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import GroupedGateConfig
+from moemesh.models.deepseek_v3.fp8_reader import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
 from moemesh.models.layers import rms_norm
 from moemesh.moe.expert_compute import ExpertCompute
@@ -47,6 +48,7 @@ class GroupedGateDecoderLM:
     (`attend(h, weights, meta, kv_pair) -> [T, H]`)."""
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+        reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         self.cfg = cfg
         self.dtype = dtype
         self.gate = GroupedGateConfig.from_raw(cfg.raw)
