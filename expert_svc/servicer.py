@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -14,6 +15,7 @@ from moemesh.rpc.protos import load
 from moemesh.transport.codec import CodecError, decode, encode, parse_dtype, check_shape
 
 expert_pb2, expert_grpc = load("expert")
+log = logging.getLogger(__name__)
 
 STATUS = {
     UnknownExperts: grpc.StatusCode.FAILED_PRECONDITION,
@@ -47,6 +49,9 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
         except (UnknownExperts, BadForward, CodecError, OverBudget) as e:
             await context.abort(status_of(e), str(e))
+        except Exception as e:  # noqa: BLE001 - e.g. an unreadable checkpoint: report, keep serving
+            log.exception("%s failed", getattr(fn, "__name__", "call"))
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
     async def Forward(self, request, context):
         self.shard.stats.enter()

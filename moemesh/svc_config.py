@@ -115,6 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, service: str) -> N
     for spec in field_specs(cls):
         flag = "--" + spec.name.replace("_", "-")
         shown = "required" if spec.default is dataclasses.MISSING else f"default {spec.default!r}"
+        if spec.choices:
+            shown = f"one of {', '.join(str(c) for c in spec.choices)}; {shown}"
         help_text = f"{spec.help} ({shown}; env {env_name(service, spec.name)})".strip()
         if spec.kind is bool:
             parser.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)

@@ -113,7 +113,8 @@ class DistTransport:
 
 
 def open_transport(peer: PeerInfo, mode: str, rpc: RpcConfig, loop: LoopThread, client_id: str | None = None, timeout_s: float = 60.0):
-    """mode "grpc" | "dist" | "auto" (dist when the peer is on this node and offers a dist endpoint)."""
+    """mode "grpc" | "dist" | "auto" (dist when the peer is on this node, offers a dist endpoint and
+    its device is reachable from here: NCCL for a CUDA server needs CUDA in this process)."""
     if mode == "grpc":
         return GrpcTransport(peer, rpc, loop, timeout_s)
     if mode == "dist":
@@ -121,7 +122,12 @@ def open_transport(peer: PeerInfo, mode: str, rpc: RpcConfig, loop: LoopThread, 
             raise ValueError(f"transport dist: expert server {peer.server_id} ({peer.address}) is on another node")
         return DistTransport(peer, rpc, loop, client_id, timeout_s)
     if mode == "auto":
-        if peer.dist_addr and peer.host_id == host_id():
+        if peer.dist_addr and peer.host_id == host_id() and can_reach_device(getattr(peer, "device", "cpu")):
             return DistTransport(peer, rpc, loop, client_id, timeout_s)
         return GrpcTransport(peer, rpc, loop, timeout_s)
     raise ValueError(f"transport must be grpc, dist or auto, got {mode!r}")
+
+
+def can_reach_device(device: str) -> bool:
+    """A CUDA expert server pairs over NCCL, which needs CUDA on this side too; CPU ones use gloo."""
+    return not device.startswith("cuda") or torch.cuda.is_available()

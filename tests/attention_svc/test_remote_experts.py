@@ -153,6 +153,9 @@ def test_auto_picks_dist_only_on_this_node(loop):
     here = ServerInfo("a", "127.0.0.1:1", host_id=host_id(), dist_addr="127.0.0.1:2")
     elsewhere = ServerInfo("b", "10.0.0.9:1", host_id="other/boot", dist_addr="10.0.0.9:2")
     no_dist = ServerInfo("c", "127.0.0.1:3", host_id=host_id())
+    cuda_peer = ServerInfo("d", "127.0.0.1:4", device="cuda:0", host_id=host_id(), dist_addr="127.0.0.1:5")
+    want = DistTransport if torch.cuda.is_available() else GrpcTransport
+    assert isinstance(open_transport(cuda_peer, "auto", RpcConfig(), loop), want)
     assert isinstance(open_transport(here, "auto", RpcConfig(), loop), DistTransport)
     assert isinstance(open_transport(elsewhere, "auto", RpcConfig(), loop), GrpcTransport)
     assert isinstance(open_transport(no_dist, "auto", RpcConfig(), loop), GrpcTransport)

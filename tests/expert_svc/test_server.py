@@ -98,3 +98,22 @@ def test_health_and_reflection(moe_dir, loop):
         status, names = loop.run(go(), 30)
         assert status == health_pb2.HealthCheckResponse.SERVING
         assert "moemesh.v1.ExpertService" in names and "grpc.reflection.v1alpha.ServerReflection" in names
+
+
+def test_unexpected_failure_is_internal_and_the_server_keeps_serving(moe_dir, loop):
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
+        def broken_load(layer, experts):
+            raise OSError("checkpoint shard vanished")
+
+        real_load = srv.shard.load
+        srv.shard.load = broken_load
+        req = expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=0, expert_ids=[1])])
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            call(loop, srv.port, "LoadExperts", req)
+        assert e.value.code() == grpc.StatusCode.INTERNAL and "checkpoint shard vanished" in e.value.details()
+        srv.shard.load = real_load
+        assert call(loop, srv.port, "LoadExperts", req).experts[0].expert_ids == [1]
+        bad = expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=0, expert_ids=[8])])
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            call(loop, srv.port, "LoadExperts", bad)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "expert_ids [8]" in e.value.details()
