@@ -3,6 +3,7 @@
 For each configuration (logical experts E, servers S x slots, Zipf exponent a) over L layers,
 with each layer's expert popularity a random permutation of Zipf(a) ranks:
 
+- `P/E`: copies the servers can hold per layer (one per expert per server at most) / experts;
 - `initial`: balancedness of the round-robin placement (one copy per expert) under the load;
 - `solved`: after `solve` from the initial placement, and the copies it loads (`moves`);
 - `drift 5%`: every count moves by up to +-5%; copies moved by `solve` from the solved placement

@@ -15,6 +15,8 @@ For each layer the solver builds candidates:
 3. the current layer itself, when still valid (every expert has a copy, only servers in
    `servers`, each within its slots, P copies, no two copies of an expert on a server).
 
+With `num_physical` left to the solver, the candidates of both copy counts it tries compete.
+
 The rule: among the candidates whose peak is within `(1 + tolerance)` of the best peak, take the
 one that moves fewest copies (then the lower peak). So a small load drift moves nothing, and a
 real skew moves only the copies needed to come within `tolerance` of the best balance found.
@@ -23,7 +25,7 @@ The building blocks are exported here too: `replicate`, `pack`, `balancedness`, 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -55,8 +57,8 @@ def _check_servers(servers: Sequence[ServerBudget]) -> None:
         raise ValueError(f"servers must have unique server_id values, got {ids}")
 
 
-def _row_valid(row: Row | None, servers: Sequence[ServerBudget], num_experts: int, num_physical: int) -> bool:
-    if row is None or len(row) != num_experts:
+def _row_valid(row: Row, servers: Sequence[ServerBudget], num_experts: int, totals: Sequence[int]) -> bool:
+    if len(row) != num_experts:
         return False
     slots = {s.server_id: s.slots for s in servers}
     used: dict[str, int] = {}
@@ -67,7 +69,7 @@ def _row_valid(row: Row | None, servers: Sequence[ServerBudget], num_experts: in
             if s not in slots:
                 return False
             used[s] = used.get(s, 0) + 1
-    return sum(used.values()) == num_physical and all(n <= slots[s] for s, n in used.items())
+    return sum(used.values()) in totals and all(n <= slots[s] for s, n in used.items())
 
 
 def _ordered(before: tuple[str, ...], now: set[str], ids: list[str]) -> tuple[str, ...]:
@@ -102,8 +104,10 @@ def solve(
     """The next placement for expert load `load[L,E]` (token counts per layer and logical expert).
 
     servers: the expert servers and their per-layer slot budgets.  num_physical: P, the total
-    copies per layer (E <= P); default every slot the servers have, up to one copy of each expert
-    per server.  current: the placement in force (its copies are kept where the rules above allow).
+    copies per layer (E <= P). By default each layer gets whichever is better of one copy per
+    expert (P = E) and every slot the servers have (up to one copy of an expert per server):
+    with uneven budgets, filling every slot can force copies onto the big server that add to its
+    load, so the solver compares both (the current layer is kept if its copy count is either).  current: the placement in force (its copies are kept where the rules above allow).
     layer_ids: the placement layer id of each row of `load` (default 0..L-1).
     tolerance: relative balance cost accepted to avoid a move (>= 0).
 
@@ -121,16 +125,18 @@ def solve(
     if capacity < num_experts:
         raise ValueError(f"servers: slot budgets {slots} hold {capacity} distinct experts per layer, need {num_experts}")
     if num_physical is None:
-        num_physical = capacity
-    if isinstance(num_physical, bool) or not isinstance(num_physical, int) or not num_experts <= num_physical <= capacity:
+        totals = sorted({num_experts, capacity})
+    elif isinstance(num_physical, bool) or not isinstance(num_physical, int) or not num_experts <= num_physical <= capacity:
         raise ValueError(f"num_physical must be an int in [{num_experts}, {capacity}] for these servers, got {num_physical!r}")
+    else:
+        totals = [num_physical]
     layers = list(range(num_layers)) if layer_ids is None else list(layer_ids)
     if len(layers) != num_layers or len(set(layers)) != num_layers:
         raise ValueError(f"layer_ids must name {num_layers} distinct layers, got {layer_ids!r}")
     if not tolerance >= 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
+    budget = torch.as_tensor(slots, dtype=torch.int64)
 
-    phy2log, _, logcnt = replicate(w, num_physical, slots)
     held = torch.zeros(num_layers, num_experts, len(servers), dtype=torch.bool)
     col = {s: i for i, s in enumerate(ids)}
     old_rows: list[Row | None] = []
@@ -142,23 +148,26 @@ def solve(
                 for s in copies:
                     if s in col:
                         held[row_i, e, col[s]] = True
-    weights = w.gather(1, phy2log) / logcnt.gather(1, phy2log)
-    fresh = pack(weights, len(servers), slots, groups=phy2log, held=held, tolerance=tolerance)
-    budget = torch.as_tensor(slots, dtype=torch.int64)
 
+    # (peak server load, copies moved, row builder) per layer, over every copy count tried
+    options: list[list[tuple[float, int, Callable[[], Row]]]] = [[] for _ in layers]
+    for p in totals:
+        phy2log, _, logcnt = replicate(w, p, slots)
+        weights = w.gather(1, phy2log) / logcnt.gather(1, phy2log)
+        fresh = pack(weights, len(servers), slots, groups=phy2log, held=held, tolerance=tolerance)
+        for row_i in range(num_layers):
+            g, wt, hl = phy2log[row_i], weights[row_i], held[row_i]
+            for a in [fresh[row_i], *incremental(wt, g, hl, budget, max_steps=p)]:
+                peak = float(torch.zeros(len(servers), dtype=torch.float64).index_add_(0, a, wt).max())
+                build = lambda g=g, a=a, old=old_rows[row_i]: _row(g, a, old, ids, num_experts)  # noqa: E731
+                options[row_i].append((peak, int((~hl[g, a]).sum()), build))
     new: dict[int, Row] = {}
     for row_i, layer in enumerate(layers):
-        g, wt, hl = phy2log[row_i], weights[row_i], held[row_i]
-        options: list[tuple[float, int, torch.Tensor | None]] = []  # (peak load, copies moved, assignment[P])
-        for a in [fresh[row_i], *incremental(wt, g, hl, budget, max_steps=num_physical)]:
-            peak = float(torch.zeros(len(servers), dtype=torch.float64).index_add_(0, a, wt).max())
-            options.append((peak, int((~hl[g, a]).sum()), a))
         old = old_rows[row_i]
-        if _row_valid(old, servers, num_experts, num_physical):
-            options.append((_peak(w[row_i], old, ids), 0, None))
-        limit = (1 + tolerance) * min(o[0] for o in options)
-        chosen = min((o for o in options if o[0] <= limit), key=lambda o: (o[1], o[0]))[2]
-        new[layer] = old if chosen is None else _row(g, chosen, old, ids, num_experts)
+        if old is not None and _row_valid(old, servers, num_experts, totals):
+            options[row_i].append((_peak(w[row_i], old, ids), 0, lambda old=old: old))
+        limit = (1 + tolerance) * min(o[0] for o in options[row_i])
+        new[layer] = min((o for o in options[row_i] if o[0] <= limit), key=lambda o: (o[1], o[0]))[2]()
     if current is not None:
         merged = dict(current.replicas)
         merged.update(new)

@@ -127,3 +127,25 @@ def test_server_budget_validation(kwargs, field):
     args = {"server_id": "a", "slots": 1} | kwargs
     with pytest.raises(ValueError, match=field):
         ServerBudget(**args)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_never_worse_than_the_initial_placement(problem):
+    # the initial placement (one copy each) is a candidate, so no layer's peak load can rise
+    load, servers, _ = problem
+    init = initial_placement(load.shape[0], load.shape[1], servers)
+    for num_physical in (None, load.shape[1]):
+        new = solve(load, servers, num_physical, init)
+        assert balancedness(load, new, servers) >= balancedness(load, init, servers) - 1e-9
+
+
+def test_uneven_budgets_do_not_force_harmful_copies():
+    # s1 must hold every expert; filling s0's slot with a second copy would only shift load onto s1
+    servers = [ServerBudget("s0", 1), ServerBudget("s1", 4)]
+    load = torch.tensor([[970.0, 708.0, 459.0, 921.0]])
+    p = solve(load, servers)
+    assert balancedness(load, p, servers) == pytest.approx((3058.0 / 2) / (3058.0 - 970.0))
+    with_copy = solve(load, servers, num_physical=5)
+    assert sum(len(c) for c in with_copy.replicas[0]) == 5
+    assert balancedness(load, with_copy, servers) < balancedness(load, p, servers)
