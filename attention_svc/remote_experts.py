@@ -166,7 +166,10 @@ class RemoteExperts:
             try:
                 y = fut.result()  # [N_s, H]
                 if not result.done():
-                    out.index_copy_(0, req.index.to(out.device), y)
+                    # the callback runs on the transport's thread; an output allocated under the
+                    # engine's inference mode may only be written in inference mode
+                    with torch.inference_mode(out.is_inference()):
+                        out.index_copy_(0, req.index.to(out.device), y)
             except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
                 if not result.done():
                     result.set_exception(e)

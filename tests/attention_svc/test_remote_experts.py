@@ -108,7 +108,10 @@ def check_equals_local(remote, moe_dir, cfg, weights):
     for step in range(2):
         for layer in cfg.moe_layers:
             x, ids, counts = routed_rows(40, [0, 2, 3, 5, 6, 7], seed=10 * step + layer)
-            got = remote.submit(layer, x, ids, counts).result(30)
+            with torch.inference_mode():  # as the engine calls it
+                fut = remote.submit(layer, x, ids, counts)
+            got = fut.result(30)
+            assert got.is_inference()
             # rows split over replicas change GEMM blocking: equal up to float32 rounding
             torch.testing.assert_close(got, local.submit(layer, x, ids, counts).result(), rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(got, grouped_expert_mlp(x, ids, counts, weights[layer]), rtol=1e-5, atol=1e-6)
