@@ -59,6 +59,7 @@ class Mesh:
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="moemesh-up-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
+        self.addresses: dict[str, str] = {}  # child name -> its gRPC address
         self.router_addr = ""
         self.control_addr = ""
 
@@ -68,6 +69,7 @@ class Mesh:
         address = f"{s.host}:{port}"
         child = Child(name, serve_argv(service, {"host": s.host, "port": port, **flags}), self.log_dir / f"{name}.log")
         self.children.append(child)
+        self.addresses[name] = address
         return address
 
     def _wait(self, addresses: list[str]) -> None:
