@@ -20,7 +20,9 @@ from moemesh.moe.expert_loader import load_expert_weights
 
 
 class LocalExperts:
-    """Runs `kernels.grouped_expert_mlp` on weights held in this process (layer -> all E experts)."""
+    """Runs `kernels.grouped_expert_mlp` on weights held in this process (layer -> all E experts).
+    When every expert in a call gets the same number of rows (e.g. top-k == E) and the weights are
+    dense in the compute dtype, one batched matmul per projection replaces the grouped path."""
 
     def __init__(self, weights: Mapping[int, ExpertWeights]) -> None:
         self.weights = dict(weights)
@@ -50,7 +52,15 @@ class LocalExperts:
 
 
 def is_dense(w: ExpertWeights, dtype: torch.dtype) -> bool:
-    return w.gate_up.dtype == dtype and w.down.dtype == dtype and w.gate_up_bias is None and w.down_bias is None
+    """Plain tensors already in the compute dtype, no biases (quantized formats go through kernels)."""
+    return (
+        isinstance(w.gate_up, Tensor)
+        and isinstance(w.down, Tensor)
+        and w.gate_up.dtype == dtype
+        and w.down.dtype == dtype
+        and w.gate_up_bias is None
+        and w.down_bias is None
+    )
 
 
 def uniform_counts(counts: Tensor) -> bool:
