@@ -51,14 +51,40 @@ def test_proto_dir_override_in_a_fresh_process(tmp_path):
 
 
 def test_stale_stamp_regenerates(tmp_path):
-    """A wrong stamp forces regeneration (under the lock) and the stamp is rewritten to the hash."""
-    stamp = protos.OUT_DIR / "STAMP"
-    protos.ensure_generated()
-    good = stamp.read_text()
-    protos.write_atomic(stamp, "stale")
-    try:
-        protos.ensure_generated()
-        assert stamp.read_text() == good
-    finally:
-        if stamp.read_text() != good:
-            protos.write_atomic(stamp, good)
+    """A stamp that does not match the sources forces regeneration; stubs of removed protos go."""
+    out = tmp_path / "_proto"
+    protos.ensure_generated(out)
+    good = (out / "STAMP").read_text()
+    (out / "v1" / "removed_pb2.py").write_text("# a stub whose .proto no longer exists\n")
+    (out / "v1" / "expert_pb2.py").write_text("garbage")
+    protos.write_atomic(out / "STAMP", "stale")
+    protos.ensure_generated(out)
+    assert (out / "STAMP").read_text() == good
+    assert not (out / "v1" / "removed_pb2.py").exists()
+    compile((out / "v1" / "expert_pb2.py").read_text(), "expert_pb2.py", "exec")
+
+
+def test_concurrent_processes_generate_once_into_a_fresh_dir(tmp_path):
+    """Four processes race to generate into an empty dir: the lock serialises them, the stamp ends
+    equal to the sources' hash, and every stub is complete Python."""
+    out = tmp_path / "_proto"
+    code = (
+        "import sys; from pathlib import Path; from moemesh.rpc import protos; "
+        "print(protos.ensure_generated(Path(sys.argv[1])))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=Path(protos.PACKAGE_DIR).parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        assert stdout.strip() == str(out / "v1")
+    files = protos.proto_files(protos.proto_root())
+    assert (out / "STAMP").read_text() == protos.sources_hash(files)
+    for f in files:
+        for suffix in ("_pb2.py", "_pb2_grpc.py"):
+            text = (out / "v1" / f"{f.stem}{suffix}").read_text()
+            compile(text, f.name, "exec")
+            assert "from moemesh.v1 import" not in text  # rewritten to the generated package
+    assert not list(out.glob(".gen-*"))  # temporary dirs are gone
