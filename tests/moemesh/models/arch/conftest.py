@@ -1,6 +1,7 @@
 """Tiny transformers checkpoints, built once per session: (path, transformers model)."""
 import pytest
 
+from tests.moemesh.models.arch.native_quant import write_fp8_block, write_mxfp4, write_nvfp4
 from tests.moemesh.models.arch.reference import greedy, make_checkpoint, prompt_logprobs
 
 PROMPTS = ((5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11), (400, 2, 2, 2, 99))
@@ -27,3 +28,23 @@ def tiny_checkpoint(request, tmp_path_factory):
     path, model = make_checkpoint(arch, tmp_path_factory.mktemp(request.param), **overrides)
     expected = {p: (prompt_logprobs(model, list(p)), greedy(model, list(p), GREEDY_TOKENS)) for p in PROMPTS}
     return path, model, expected
+
+
+# native format -> (arch, config overrides, writer)
+NATIVE = {
+    # moe_intermediate 40, intermediate 72, q_lora 40 with 32x32 blocks: partial edge blocks in both dims
+    "fp8": ("deepseek_v3", dict(moe_intermediate_size=40, intermediate_size=72, q_lora_rank=40),
+            lambda src, dst: write_fp8_block(src, dst, (32, 32))),
+    "nvfp4": ("deepseek_v3", {}, write_nvfp4),
+    "mxfp4": ("gpt_oss", {}, write_mxfp4),
+}
+
+
+@pytest.fixture(scope="session")
+def native_checkpoint(request, tmp_path_factory):
+    """(format, quantized dir, dequantized-reference dir, unquantized transformers model)."""
+    arch, overrides, writer = NATIVE[request.param]
+    root = tmp_path_factory.mktemp(f"native_{request.param}")
+    src, model = make_checkpoint(arch, root / "src", **overrides)
+    qdir, deq_dir = writer(src, root / "quantized")
+    return request.param, qdir, deq_dir, model

@@ -18,32 +18,30 @@ from moemesh.engine.sampling_params import SamplingParams
 from moemesh.models.deepseek_v3.native_experts import load_native_experts
 from moemesh.models.gpt_oss.experts import load_gpt_oss_experts
 from moemesh.moe.local_experts import LocalExperts
-from tests.moemesh.models.arch.native_quant import write_fp8_block, write_mxfp4, write_nvfp4
-from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, make_checkpoint, prompt_logprobs
+from tests.moemesh.models.arch.conftest import NATIVE
+from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, prompt_logprobs
+
+pytestmark = pytest.mark.parametrize("native_checkpoint", list(NATIVE), indirect=True, scope="module")
 
 PROMPT = [5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11, 200, 100, 50, 25, 12, 6, 3, 1, 0]
-# format -> (arch, config overrides, writer, loader, expected expert type)
+# format -> (expert loader, expected expert type)
 CASES = {
-    # moe_intermediate 40, intermediate 72, q_lora 40 with 32x32 blocks: partial edge blocks in both dims
-    "fp8": ("deepseek_v3", dict(moe_intermediate_size=40, intermediate_size=72, q_lora_rank=40),
-            lambda s, d: write_fp8_block(s, d, (32, 32)), load_native_experts, FP8BlockExperts),
-    "nvfp4": ("deepseek_v3", {}, write_nvfp4, load_native_experts, NVFP4Experts),
-    "mxfp4": ("gpt_oss", {}, write_mxfp4, load_gpt_oss_experts, MXFP4Experts),
+    "fp8": (load_native_experts, FP8BlockExperts),
+    "nvfp4": (load_native_experts, NVFP4Experts),
+    "mxfp4": (load_gpt_oss_experts, MXFP4Experts),
 }
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def quantized(request, tmp_path_factory):
-    arch, overrides, writer, loader, kind = CASES[request.param]
-    root = tmp_path_factory.mktemp(f"native_{request.param}")
-    src, model = make_checkpoint(arch, root / "src", **overrides)
-    qdir, deq_dir = writer(src, root / "quantized")
+@pytest.fixture(scope="module")
+def quantized(native_checkpoint):
+    fmt, qdir, deq_dir, model = native_checkpoint
+    loader, kind = CASES[fmt]
     cfg, reader = ModelConfig.from_model_dir(qdir), CheckpointReader(qdir)
     experts = LocalExperts({l: loader(reader, cfg, l, range(cfg.num_experts), torch.float32) for l in cfg.moe_layers})
     engine = LLMEngine(EngineConfig(model_dir=str(qdir), block_size=4, kv_cache_tokens=512), expert_compute=experts)
     params = SamplingParams(max_new_tokens=32, temperature=0.0, prompt_logprobs=True, ignore_eos=True)
     result = engine.generate([PROMPT], params)[0]
-    return dict(fmt=request.param, kind=kind, qdir=qdir, deq_dir=deq_dir, model=model, experts=experts, reader=reader,
+    return dict(fmt=fmt, kind=kind, qdir=qdir, deq_dir=deq_dir, model=model, experts=experts, reader=reader,
                 cfg=cfg, result=result)
 
 
