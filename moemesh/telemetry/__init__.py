@@ -3,7 +3,8 @@
 API for the services (construct one of each per service instance; no globals):
 
 - `ExpertLoadCounter(layers, num_experts, window_s=60, buckets=12)`:
-  `add(layer, counts[E])` from the hot path (CPU int64 counts), `add_all(counts[L,E])`,
+  `add(layer, counts[E])` or `add_sparse(layer, expert_ids[G], counts[G])` from the hot path
+  (CPU int64 counts), `add_all(counts[L,E])`,
   `window() -> [L,E]` tokens in the last `window_s` s (load reports to the control plane, solver
   input), `totals() -> [L,E]` since start.
 - `GpuTelemetry(device_index)` or `GpuTelemetry.for_device("cuda:0" | "cpu")`:

@@ -70,3 +70,15 @@ def test_bad_add_names_field():
         c.add(0, torch.zeros(3))
     with pytest.raises(ValueError, match="counts"):
         c.add_all(torch.zeros(4, 2))
+
+
+def test_add_sparse_matches_the_dispatch_groups():
+    c = ExpertLoadCounter([2], 4, clock=FakeClock())
+    c.add_sparse(2, torch.tensor([3, 0, 3]), torch.tensor([5, 1, 2]))
+    assert c.window().tolist() == [[1, 0, 0, 7]]
+    for bad in (4, -1):
+        with pytest.raises(ValueError, match="expert_ids"):
+            c.add_sparse(2, torch.tensor([bad]), torch.tensor([1]))
+    assert c.totals().tolist() == [[1, 0, 0, 7]]
+    with pytest.raises(ValueError, match="same length"):
+        c.add_sparse(2, torch.tensor([1, 2]), torch.tensor([1]))
