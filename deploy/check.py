@@ -22,6 +22,7 @@
   every internal service's port;
 - terminationGracePeriodSeconds >= preStop sleep + the server's drain timeout + gRPC shutdown grace;
 - expert servers advertise `$(POD_IP):<port>` from the downward API and know the control plane;
+- the expert pools start at least the expert servers the control plane waits for;
 - the model volume is a PersistentVolumeClaim mounted read-only.
 """
 from __future__ import annotations
@@ -126,12 +127,17 @@ def effective_env(container: Obj, objs: list[Obj]) -> dict[str, str]:
 
 
 def config_value(service: str, field: str, env: dict[str, str], fields: dict[str, dict[str, Any]]) -> Any:
-    """The field's value as the service would read it from `env` (its default otherwise)."""
+    """The field's value as the service would read it from `env` (its default when unset or unreadable)."""
     from moemesh.svc_config import convert, env_name
+
+    from moemesh.svc_config import ConfigValueError
 
     spec = fields[service][field]
     var = env_name(service, field)
-    return convert(spec, env[var], f"env {var}") if var in env else spec.default
+    try:
+        return convert(spec, env[var], f"env {var}") if var in env else spec.default
+    except ConfigValueError:  # check_env_keys reports the value; other rules see the default
+        return spec.default
 
 
 def _grpc_port(container: Obj) -> int | None:
@@ -348,6 +354,26 @@ def check_expert_registration(objs: list[Obj], fields: dict[str, dict[str, Any]]
     return out
 
 
+def check_expected_servers(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list[str]:
+    """The first placement waits for `expected_expert_servers`: the pools must start at least that many."""
+    if "expected_expert_servers" not in fields.get("control", {}):
+        return []
+    pods = sum(
+        o["spec"].get("replicas", 1) for o in objs
+        if o.get("kind") == "Deployment" and _template_labels(o).get("app.kubernetes.io/component") == "expert"
+    )
+    out = []
+    for o in objs:
+        if o.get("kind") != "Deployment":
+            continue
+        for c in pod_specs(o)[0].get("containers", []):
+            if service_of(c) == "control":
+                want = config_value("control", "expected_expert_servers", effective_env(c, objs), fields)
+                if want > pods:
+                    out.append(f"{_name(o)}: waits for {want} expert servers, the pools start {pods}")
+    return out
+
+
 def check_model_volume(objs: list[Obj], **_) -> list[str]:
     out = []
     for o in objs:
@@ -370,7 +396,7 @@ def check_model_volume(objs: list[Obj], **_) -> list[str]:
 
 RULES: tuple[Callable[..., list[str]], ...] = (
     check_probes, check_resources, check_security, check_selectors, check_pools,
-    check_env_keys, check_ports, check_drain, check_expert_registration, check_model_volume,
+    check_env_keys, check_ports, check_drain, check_expert_registration, check_expected_servers, check_model_volume,
 )
 
 

@@ -55,6 +55,8 @@ MUTATIONS = [
     ("grace too short", lambda o: pod(o, "experts-a").update(terminationGracePeriodSeconds=30), "terminationGracePeriodSeconds 30 < "),
     ("drain longer than grace", lambda o: set_env(container(o, "experts-b"), "MOEMESH_EXPERT_DRAIN_TIMEOUT_S", "600"), "< preStop + drain"),
     ("no pod address", lambda o: container(o, "experts-a")["env"].pop(0), "does not advertise its pod IP"),
+    ("control waits for more servers than start",
+     lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_CONTROL_EXPECTED_EXPERT_SERVERS="3"), "waits for 3 expert servers"),
     ("model writable", lambda o: pod(o, "attention")["volumes"][0]["persistentVolumeClaim"].pop("readOnly"), "model claim is not readOnly"),
 ]
 
