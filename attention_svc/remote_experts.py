@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -71,6 +71,17 @@ def plan_requests(placement: Placement, layer: int, expert_ids: Tensor, counts: 
         ServerRequest(s, torch.cat(rows), torch.tensor(ids, dtype=torch.int64), torch.tensor(cnts, dtype=torch.int64))
         for s, (rows, ids, cnts) in sorted(per_server.items())
     ]
+
+
+def settle(fut: Future, value: object = None, error: BaseException | None = None) -> None:
+    """Set `fut` once: the first server error (or the final result) wins, later ones are ignored."""
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+    except InvalidStateError:
+        pass
 
 
 class RemoteExperts:
@@ -149,6 +160,11 @@ class RemoteExperts:
         if layer < self._last_layer:
             self.begin_step()  # a new forward pass: a step boundary
         self._last_layer = layer
+        if x.dim() != 2 or expert_ids.shape != counts.shape or int(counts.sum()) != x.shape[0]:
+            raise ValueError(
+                f"submit: x {list(x.shape)} must be [N, H] with counts summing to N; "
+                f"expert_ids {list(expert_ids.shape)} and counts {list(counts.shape)} (sum {int(counts.sum())}) must match"
+            )
         if x.shape[0] == 0:
             return completed(torch.empty_like(x))
         with self._lock:
@@ -171,15 +187,13 @@ class RemoteExperts:
                     with torch.inference_mode(out.is_inference()):
                         out.index_copy_(0, req.index.to(out.device), y)
             except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
-                if not result.done():
-                    result.set_exception(e)
+                settle(result, error=e)
             with self._lock:
                 pending[0] -= 1
                 last = pending[0] == 0
             if last:
                 self._leave(placement.version)
-                if not result.done():
-                    result.set_result(out)
+                settle(result, value=out)
 
         for req in requests:
             xs = x.index_select(0, req.index.to(x.device))  # [N_s, H]

@@ -30,8 +30,13 @@ async def run(cfg: ControlConfig, stop: asyncio.Event) -> None:
         await parts.ops.close()
 
 
+def serve(cfg: ControlConfig) -> None:
+    """Serve until SIGTERM/SIGINT (on uvloop), then drain and return."""
+    run_service(lambda stop: run(cfg, stop))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     cfg = parse_config(ControlConfig, "control", argv, prog="python -m control_svc")
-    run_service(lambda stop: run(cfg, stop))
+    serve(cfg)
     return 0

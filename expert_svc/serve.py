@@ -75,8 +75,13 @@ async def drain(parts: ExpertServerParts, agent: ControlAgent | None, timeout_s:
     log.info("drained: %d calls still in flight at stop", parts.shard.stats.in_flight)
 
 
+def serve(cfg: ExpertServerConfig) -> None:
+    """Serve until SIGTERM/SIGINT (on uvloop), then drain and return."""
+    run_service(lambda stop: run(cfg, stop))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     cfg = parse_config(ExpertServerConfig, "expert", argv, prog="python -m expert_svc")
-    run_service(lambda stop: run(cfg, stop))
+    serve(cfg)
     return 0

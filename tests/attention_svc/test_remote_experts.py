@@ -94,6 +94,8 @@ def test_server_failure_names_the_server_and_the_layer_can_be_retried(moe_dir):
     x, ids, counts = routed_rows(10, list(range(8)))
     with pytest.raises(ExpertServerError, match="expert server bad"):
         remote.submit(0, x, ids, counts).result()
+    with pytest.raises(ValueError, match="counts"):
+        remote.submit(0, x, ids, counts + 1)
     remote.set_placement(round_robin_placement(cfg.moe_layers, 8, [("good", 0)], version=2), peers(["good"]))
     remote.begin_step()
     torch.testing.assert_close(remote.submit(0, x, ids, counts).result(), grouped_expert_mlp(x, ids, counts, weights[0]))
