@@ -209,3 +209,20 @@ def test_dist_transport_across_processes(moe_dir, loop):
                 proc.kill()
                 proc.wait()
                 raise
+
+
+@pytest.mark.parametrize("make", [GrpcTransport, DistTransport])
+def test_bf16_rows_travel_bit_exactly(moe_dir, loop, make):
+    cfg, weights = all_weights(moe_dir)
+    with running_expert_servers(moe_dir, 1, loop, transport="dist", preload="all") as (srv,):
+        info = ServerInfo("only", srv.address, host_id=srv.dist.host_id, dist_addr=srv.dist.addr)
+        x, ids, counts = routed_rows(9, [1, 6])
+        x = x.to(torch.bfloat16)
+        t = make(info, RpcConfig(), loop, timeout_s=20)
+        try:
+            y = t.forward(1, x, ids, counts).result(30)
+        finally:
+            t.close()
+        assert y.dtype == torch.bfloat16
+        want = grouped_expert_mlp(x.float(), ids, counts, weights[1]).to(torch.bfloat16)  # server computes in float32
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16))
