@@ -1,0 +1,93 @@
+"""Dispatch plan and capacity factor semantics (Tutel's convention)."""
+import math
+
+import pytest
+import torch
+
+from moemesh.moe.combine import combine
+from moemesh.moe.dispatch import expert_capacity, make_plan
+from moemesh.moe.gate import Routing
+
+
+def routing(ids, weights=None):
+    ids = torch.tensor(ids, dtype=torch.long)
+    w = torch.full(ids.shape, 0.5) if weights is None else torch.tensor(weights)
+    return Routing(ids, w)
+
+
+def test_rows_sorted_by_expert_with_counts():
+    plan = make_plan(routing([[2, 0], [0, 3], [2, 3]]), num_experts=4)
+    assert plan.expert_ids.tolist() == [0, 2, 3]
+    assert plan.counts.tolist() == [2, 2, 2]
+    # first choices before second choices inside an expert, tokens in order
+    assert plan.token_idx.tolist() == [1, 0, 0, 2, 1, 2]
+    assert plan.capacity is None and plan.dropped == 0
+
+
+def test_positive_capacity_factor_caps_and_drops_overflow():
+    # 4 tokens, top-1, 2 experts, all to expert 0; cf=1 -> capacity ceil(1*1*4/2) = 2
+    plan = make_plan(routing([[0], [0], [0], [1]]), num_experts=2, capacity_factor=1.0)
+    assert plan.capacity == 2
+    assert plan.counts.tolist() == [2, 1]
+    assert plan.token_idx.tolist() == [0, 1, 3]
+    assert plan.dropped == 1
+
+
+def test_positive_capacity_pads_to_fixed_size_even_when_not_full():
+    plan = make_plan(routing([[0], [1], [0], [1]]), num_experts=2, capacity_factor=2.0)
+    assert plan.capacity == math.ceil(1 * 2.0 * 4 / 2)
+    assert plan.dropped == 0
+
+
+def test_zero_capacity_factor_is_dropless():
+    plan = make_plan(routing([[0]] * 10), num_experts=4, capacity_factor=0.0)
+    assert plan.capacity is None and plan.counts.tolist() == [10] and plan.dropped == 0
+
+
+def test_negative_capacity_factor_dropless_up_to_bound():
+    skewed = routing([[0]] * 6 + [[1]] * 2)  # T=8, k=1, E=2: bound ceil(|cf|*8/2)
+    within = make_plan(skewed, num_experts=2, capacity_factor=-2.0)  # bound 8 >= busiest 6
+    assert within.capacity == 6 and within.dropped == 0
+    capped = make_plan(skewed, num_experts=2, capacity_factor=-1.0)  # bound 4 < 6
+    assert capped.capacity == 4 and capped.dropped == 2 and capped.counts.tolist() == [4, 2]
+
+
+def test_second_choices_dropped_before_first_choices():
+    # expert 0 is token 0's second choice and tokens 1, 2's first; capacity 2 keeps tokens 1 and 2
+    plan = make_plan(routing([[1, 0], [0, 1], [0, 1]]), num_experts=2, capacity_factor=2 / 3)
+    assert plan.capacity == 2
+    rows0 = plan.token_idx[: plan.counts[0]].tolist()
+    assert rows0 == [1, 2]
+
+
+def test_expert_capacity_formula():
+    assert expert_capacity(10, 4, 2, 1.25, max_count=9) == math.ceil(2 * 1.25 * 10 / 4)
+    assert expert_capacity(10, 4, 2, 0.0, max_count=9) is None
+    assert expert_capacity(10, 4, 2, -1.0, max_count=3) == 3
+
+
+def test_dropped_pairs_contribute_nothing():
+    torch.manual_seed(0)
+    t, h = 6, 5
+    r = routing([[0, 1]] * t, torch.rand(t, 2).tolist())
+    plan = make_plan(r, num_experts=2, capacity_factor=0.5)  # capacity ceil(2*.5*6/2)=3 per expert
+    assert plan.dropped == 6
+    rows = torch.randn(plan.num_rows, h)
+    out = combine(rows, plan, t)
+    expected = torch.zeros(t, h)
+    for row, (tok, w) in enumerate(zip(plan.token_idx.tolist(), plan.weights.tolist())):
+        expected[tok] += w * rows[row]
+    torch.testing.assert_close(out, expected)
+    assert out[3:].abs().sum() == 0  # tokens 3..5 lost both choices (priority to earlier tokens)
+
+
+@pytest.mark.parametrize("cf", [0.0, 1.0, -1.5])
+def test_plan_rows_cover_each_kept_pair_once(cf):
+    torch.manual_seed(1)
+    logits = torch.randn(20, 8)
+    r = Routing(*reversed(torch.topk(torch.softmax(logits, -1), 2, dim=-1)))
+    plan = make_plan(r, 8, cf)
+    assert int(plan.counts.sum()) == plan.num_rows == 40 - plan.dropped
+    pairs = set(zip(plan.token_idx.tolist(), torch.repeat_interleave(plan.expert_ids, plan.counts).tolist()))
+    assert len(pairs) == plan.num_rows
+    assert pairs <= {(t, e) for t in range(20) for e in r.expert_ids[t].tolist()}

@@ -1,0 +1,42 @@
+import torch
+
+from kernels import ExpertWeights, grouped_expert_mlp
+from moemesh.moe.local_experts import LocalExperts
+
+
+def weights(e=4, h=16, i=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return ExpertWeights(torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g))
+
+
+def test_uniform_counts_batched_path_equals_grouped_reference():
+    w = weights()
+    local = LocalExperts({0: w})
+    x = torch.randn(12, 16)
+    ids, counts = torch.tensor([0, 1, 2, 3]), torch.tensor([3, 3, 3, 3])
+    torch.testing.assert_close(local.submit(0, x, ids, counts).result(), grouped_expert_mlp(x, ids, counts, w))
+    sub_ids = torch.tensor([1, 3])  # a subset with uniform counts
+    x2 = torch.randn(4, 16)
+    torch.testing.assert_close(
+        local.submit(0, x2, sub_ids, torch.tensor([2, 2])).result(), grouped_expert_mlp(x2, sub_ids, torch.tensor([2, 2]), w)
+    )
+
+
+def test_ragged_counts_equal_per_expert_loop():
+    w = weights()
+    local = LocalExperts({0: w})
+    x = torch.randn(7, 16)
+    out = local.submit(0, x, torch.tensor([0, 2, 3]), torch.tensor([4, 1, 2])).result()
+    start = 0
+    for e, n in [(0, 4), (2, 1), (3, 2)]:
+        h = x[start : start + n] @ w.gate_up[e].t()
+        ref = (torch.nn.functional.silu(h[:, :8]) * h[:, 8:]) @ w.down[e].t()
+        torch.testing.assert_close(out[start : start + n], ref)
+        start += n
+
+
+def test_unknown_layer_is_an_error():
+    import pytest
+
+    with pytest.raises(ValueError, match="layer 5"):
+        LocalExperts({0: weights()}).submit(5, torch.randn(1, 16), torch.tensor([0]), torch.tensor([1]))
