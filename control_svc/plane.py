@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from control_svc.board import PlacementBoard
+from control_svc.evacuate import evacuate
 from control_svc.initial_placement import round_robin_placement
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
@@ -47,6 +48,7 @@ class ControlPlane:
             release_timeout_s,
         )
         self._initial: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()  # placement changes running in the background
 
     def register_expert(self, info: ServerInfo) -> ServerInfo:
         rec = self.registry.register_expert(info)
@@ -72,6 +74,33 @@ class ControlPlane:
             if loop.time() > deadline:
                 raise TimeoutError(f"no placement committed within {timeout_s}s")
             await asyncio.sleep(0.02)
+
+    def drain(self, server_id: str) -> tuple[str, bool]:
+        """Mark `server_id` draining and, when the others have room, switch in a placement without
+        it (its experts are dropped from it at release). Returns (state, moving)."""
+        state = self.registry.drain(server_id)
+        placement = self.board.current.placement
+        if server_id not in placement.servers():
+            return state, False
+        others = [(s.server_id, s.slot_budget) for s in self.registry.serving()]
+        try:
+            new = evacuate(placement, server_id, others, version=placement.version + 1)
+        except ValueError as e:
+            log.warning("cannot move the experts of draining server %s: %s", server_id, e)
+            return state, False
+        self._background(self.switch.switch(new), f"evacuating {server_id}")
+        return state, True
+
+    def _background(self, coro, what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def finished(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s failed: %s", what, t.exception())
+
+        task.add_done_callback(finished)
 
     def heartbeat(self, id_: str, adopted_version: int | None, stats: Any) -> bool:
         return self.registry.heartbeat(id_, adopted_version, stats)

@@ -43,10 +43,10 @@ class ControlServicer(control_grpc.ControlServiceServicer):
 
     async def Drain(self, request, context):
         try:
-            state = self.plane.registry.drain(request.id)
+            state, moving = self.plane.drain(request.id)
         except UnknownId as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
-        return control_pb2.DrainResponse(state=STATES[state])
+        return control_pb2.DrainResponse(state=STATES[state], moving=moving)
 
     async def Deregister(self, request, context):
         try:

@@ -58,17 +58,20 @@ class ControlAgent:
             except grpc.aio.AioRpcError as e:
                 log.warning("heartbeat to the control plane failed: %s", e.details())
 
-    async def drain(self) -> None:
-        await self._best_effort(self.stub.Drain, control_pb2.DrainRequest(id=self.server_id))
+    async def drain(self) -> bool:
+        """Tell the control plane we are leaving; True when it is moving our experts elsewhere."""
+        resp = await self._best_effort(self.stub.Drain, control_pb2.DrainRequest(id=self.server_id))
+        return bool(resp is not None and resp.moving)
 
     async def deregister(self) -> None:
         await self._best_effort(self.stub.Deregister, control_pb2.DeregisterRequest(id=self.server_id))
 
-    async def _best_effort(self, method, request) -> None:
+    async def _best_effort(self, method, request):
         try:
-            await method(request, timeout=5)
+            return await method(request, timeout=5)
         except grpc.aio.AioRpcError as e:  # shutting down anyway: report and go on
             log.warning("%s for %s failed: %s", type(request).__name__, self.server_id, e.details())
+            return None
 
     async def close(self) -> None:
         await self.channel.close()

@@ -3,8 +3,9 @@
 Once serving it prints `moemesh expert_svc: serving HOST:PORT [dist=HOST:PORT] [id=SERVER_ID]`
 (flushed) on stdout.
 With `--control-addr` it registers, heartbeats and takes LoadExperts/DropExperts from the control
-plane. SIGTERM/SIGINT drain it: health NOT_SERVING, tell the control plane, let in-flight calls
-finish (at most `--drain-timeout-s`), deregister, stop.
+plane. SIGTERM/SIGINT drain it: health NOT_SERVING, tell the control plane (which moves this server's
+experts to the others when they have room, and drops them here once attention runs on the new
+placement), let in-flight calls finish (all within `--drain-timeout-s`), deregister, stop.
 """
 from __future__ import annotations
 
@@ -65,8 +66,11 @@ async def drain(parts: ExpertServerParts, agent: ControlAgent | None, timeout_s:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     await parts.server.set_serving(False)
-    if agent:
-        await agent.drain()
+    if agent and await agent.drain():
+        # the control plane switches in a placement without us and drops our experts at release,
+        # once every attention replica runs on it: until then we keep answering
+        while parts.shard.held() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
     while parts.shard.stats.in_flight and loop.time() < deadline:
         await asyncio.sleep(0.02)
     if agent:

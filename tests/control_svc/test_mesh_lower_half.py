@@ -70,3 +70,76 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
     finally:
         loop.run(control.server.shutdown(0.2), 30)
         loop.run(control.ops.close(), 30)
+
+
+def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
+    """SIGTERM's drain path: the control plane moves the server's experts to the other one, the
+    attention side adopts the new placement between steps, old copies are dropped, and the server
+    leaves; requests keep succeeding throughout."""
+    import threading
+    import time
+
+    from expert_svc.serve import drain
+
+    cfg, weights = all_weights(moe_dir)
+    control = loop.run(in_loop(build_control_server, ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0)), 30)
+    loop.run(control.server.start(), 30)
+    try:
+        with running_expert_servers(moe_dir, 2, loop, transport="grpc") as experts:
+            async def setup():
+                agents = [ControlAgent(control.address, RpcConfig(), server_info(p), lambda p=p: stats_message(p.shard)) for p in experts]
+                for a in agents:
+                    await a.register()
+                client = AttentionControlClient(control.address, RpcConfig())
+                await client.register("127.0.0.1:9")
+                return agents, client, *(await client.wait_placement(20))
+
+            agents, client, placement, servers = loop.run(setup(), 30)
+            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="grpc", rpc=RpcConfig(), loop=loop))
+            follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
+            stop, errors, steps = threading.Event(), [], [0]
+            x, ids, counts = routed_rows(24, list(range(8)))
+
+            def attention_steps():
+                while not stop.is_set():
+                    for layer in cfg.moe_layers:  # one step: every MoE layer in order
+                        try:
+                            y = remote.submit(layer, x, ids, counts).result(20)
+                            torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[layer]))
+                        except Exception as e:  # noqa: BLE001 - collected and asserted on below
+                            errors.append(e)
+                    steps[0] += 1
+
+            worker = threading.Thread(target=attention_steps)
+            worker.start()
+            try:
+                while steps[0] < 3:
+                    time.sleep(0.01)
+                started = time.monotonic()
+                loop.run(drain(experts[1], agents[1], timeout_s=20), 30)
+                took = time.monotonic() - started
+                steps_at_drain = steps[0]
+                while steps[0] < steps_at_drain + 3:  # keeps working on the remaining server
+                    time.sleep(0.01)
+            finally:
+                stop.set()
+                worker.join(30)
+            assert errors == []
+            assert took < 10
+            assert remote.placement.version == 2 and remote.placement.servers() == (agents[0].server_id,)
+            assert experts[1].shard.held() == {}
+            assert experts[0].shard.held() == {l: tuple(range(8)) for l in cfg.moe_layers}
+            assert agents[1].server_id not in control.plane.registry.experts
+            follow.cancel()
+            remote.close()
+
+            async def close_all():
+                await agents[0].deregister()
+                for a in agents:
+                    await a.close()
+                await client.close()
+
+            loop.run(close_all(), 20)
+    finally:
+        loop.run(control.server.shutdown(0.2), 30)
+        loop.run(control.ops.close(), 30)
