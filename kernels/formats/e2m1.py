@@ -41,13 +41,19 @@ def decode_e2m1(codes: Tensor) -> Tensor:
 
 
 def decode_packed_e2m1(packed: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """bytes [..., K/2] uint8 -> values [..., K] in dtype (exact for float32/bfloat16/float16), via a
-    256-entry table of value pairs: one gather per byte, no separate unpack."""
+    """bytes [..., K/2] uint8 -> values [..., K] in dtype (exact for float32/bfloat16/float16).
+
+    One gather per byte from a 256-entry table whose entries are both values of that byte packed in one
+    machine word (two float32 in an int64, two 16-bit floats in an int32), so no separate unpack pass."""
     if packed.dtype != torch.uint8:
         raise ValueError(f"packed: expected uint8, got {packed.dtype}")
     single = torch.tensor(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=dtype, device=packed.device)
     pairs = torch.stack([single.repeat(16), single.repeat_interleave(16)], dim=-1)  # [256, 2]: byte = lo | hi << 4
-    out = pairs.index_select(0, packed.reshape(-1).int())  # [bytes, 2]
+    word = {4: torch.int64, 2: torch.int32}.get(pairs.element_size())
+    if word is None:
+        out = pairs.index_select(0, packed.reshape(-1).int())  # [bytes, 2]
+    else:
+        out = pairs.view(word).reshape(256).index_select(0, packed.reshape(-1).int()).view(dtype)  # [bytes * 2]
     return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
