@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from control_svc.board import PlacementBoard
 from control_svc.evacuate import evacuate
@@ -49,6 +49,7 @@ class ControlPlane:
         )
         self._initial: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # placement changes running in the background
+        self.moving: set[str] = set()  # draining servers whose experts are being moved away
 
     def register_expert(self, info: ServerInfo) -> ServerInfo:
         rec = self.registry.register_expert(info)
@@ -88,15 +89,17 @@ class ControlPlane:
         except ValueError as e:
             log.warning("cannot move the experts of draining server %s: %s", server_id, e)
             return state, False
-        self._background(self.switch.switch(new), f"evacuating {server_id}")
+        self.moving.add(server_id)
+        self._background(self.switch.switch(new), f"evacuating {server_id}", lambda: self.moving.discard(server_id))
         return state, True
 
-    def _background(self, coro, what: str) -> None:
+    def _background(self, coro, what: str, then: Callable[[], None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
 
         def finished(t: asyncio.Task) -> None:
             self._tasks.discard(t)
+            then()
             if not t.cancelled() and t.exception() is not None:
                 log.error("%s failed: %s", what, t.exception())
 

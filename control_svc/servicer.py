@@ -39,7 +39,9 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         known = self.plane.heartbeat(request.id, adopted, request.stats if request.HasField("stats") else None)
         rec = self.plane.registry.experts.get(request.id)
         state = STATES[rec.info.state] if rec else control_pb2.SERVER_STATE_UNSPECIFIED
-        return control_pb2.HeartbeatResponse(known=known, placement_version=self.plane.board.version, state=state)
+        return control_pb2.HeartbeatResponse(
+            known=known, placement_version=self.plane.board.version, state=state, moving=request.id in self.plane.moving
+        )
 
     async def Drain(self, request, context):
         try:

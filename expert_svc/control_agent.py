@@ -63,6 +63,12 @@ class ControlAgent:
         resp = await self._best_effort(self.stub.Drain, control_pb2.DrainRequest(id=self.server_id))
         return bool(resp is not None and resp.moving)
 
+    async def still_moving(self) -> bool:
+        """While draining: is the control plane still moving our experts away? False when it is
+        done, gave up, or cannot be reached (then nobody will release us)."""
+        resp = await self._best_effort(self.stub.Heartbeat, control_pb2.HeartbeatRequest(id=self.server_id, stats=self.stats()))
+        return bool(resp is not None and resp.moving)
+
     async def deregister(self) -> None:
         await self._best_effort(self.stub.Deregister, control_pb2.DeregisterRequest(id=self.server_id))
 

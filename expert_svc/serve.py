@@ -69,7 +69,7 @@ async def drain(parts: ExpertServerParts, agent: ControlAgent | None, timeout_s:
     if agent and await agent.drain():
         # the control plane switches in a placement without us and drops our experts at release,
         # once every attention replica runs on it: until then we keep answering
-        while parts.shard.held() and loop.time() < deadline:
+        while parts.shard.held() and loop.time() < deadline and await agent.still_moving():
             await asyncio.sleep(0.05)
     while parts.shard.stats.in_flight and loop.time() < deadline:
         await asyncio.sleep(0.02)

@@ -143,3 +143,42 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
     finally:
         loop.run(control.server.shutdown(0.2), 30)
         loop.run(control.ops.close(), 30)
+
+
+def test_drain_does_not_wait_for_a_move_that_failed(moe_dir, loop):
+    import time
+
+    from expert_svc.serve import drain
+
+    control = loop.run(in_loop(build_control_server, ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0)), 30)
+    loop.run(control.server.start(), 30)
+    try:
+        with running_expert_servers(moe_dir, 2, loop, transport="grpc") as experts:
+            async def setup():
+                agents = [ControlAgent(control.address, RpcConfig(), server_info(p), lambda p=p: stats_message(p.shard)) for p in experts]
+                for a in agents:
+                    await a.register()
+                await control.plane.wait_placed(20)
+                return agents
+
+            agents = loop.run(setup(), 30)
+
+            def refuse(layer, experts_):
+                raise OSError("disk gone")
+
+            experts[0].shard.load = refuse  # the move's prepare fails on the only other server
+            started = time.monotonic()
+            loop.run(drain(experts[1], agents[1], timeout_s=20), 30)
+            assert time.monotonic() - started < 5
+            assert control.plane.board.version == 1 and not control.plane.moving
+            assert experts[1].shard.held()  # nothing was released
+            assert agents[1].server_id not in control.plane.registry.experts
+
+            async def close_all():
+                for a in agents:
+                    await a.close()
+
+            loop.run(close_all(), 20)
+    finally:
+        loop.run(control.server.shutdown(0.2), 30)
+        loop.run(control.ops.close(), 30)
