@@ -67,7 +67,7 @@ class ModelConfig:
             raise ConfigError(f"config field torch_dtype must be one of {sorted(DTYPES)}, got {self.torch_dtype!r}")
 
     def is_moe_layer(self, layer: int) -> bool:
-        if self.num_experts <= 0 or layer in self.mlp_only_layers:
+        if not 0 <= layer < self.num_layers or self.num_experts <= 0 or layer in self.mlp_only_layers:
             return False
         return (layer + 1) % self.decoder_sparse_step == 0
 

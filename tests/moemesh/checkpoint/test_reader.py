@@ -1,0 +1,69 @@
+import json
+
+import pytest
+import torch
+
+from moemesh.checkpoint import CheckpointError, CheckpointReader
+from tests.fixtures.checkpoints import build_model, tiny_config
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    model = build_model(tiny_config("mixtral"))
+    out = tmp_path_factory.mktemp("sharded")
+    model.save_pretrained(out, max_shard_size="100KB")
+    return out, model
+
+
+def test_single_file_reads_named_tensors(tiny_ckpt):
+    path, model = tiny_ckpt("mixtral")
+    r = CheckpointReader(path)
+    assert r.has("model.embed_tokens.weight") and not r.has("nope")
+    assert "model.norm.weight" in r.keys()
+    torch.testing.assert_close(r.get("model.norm.weight"), model.model.norm.weight.data)
+    assert r.get("model.norm.weight", shape=(64,), dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_sharded_checkpoint(sharded):
+    path, model = sharded
+    assert (path / "model.safetensors.index.json").is_file()
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    r = CheckpointReader(path)
+    assert set(r.keys()) == set(index["weight_map"])
+    torch.testing.assert_close(r.get("lm_head.weight"), model.lm_head.weight.data)
+
+
+def test_missing_dir_config_and_weights(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        CheckpointReader(tmp_path / "absent")
+    with pytest.raises(CheckpointError, match="config.json"):
+        CheckpointReader(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        CheckpointReader(tmp_path)
+
+
+def test_missing_tensor_and_wrong_shape_are_named(tiny_ckpt):
+    r = CheckpointReader(tiny_ckpt("mixtral")[0])
+    with pytest.raises(CheckpointError, match="'model.layers.9.foo.weight' not found"):
+        r.get("model.layers.9.foo.weight")
+    with pytest.raises(CheckpointError, match=r"'model.norm.weight' has shape \[64\], expected \[65\]"):
+        r.get("model.norm.weight", shape=(65,))
+
+
+def test_corrupt_header(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        CheckpointReader(tmp_path)
+
+
+def test_index_naming_missing_shard(sharded, tmp_path):
+    src, _ = sharded
+    for f in src.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    shard = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))[0]
+    (tmp_path / shard).unlink()
+    with pytest.raises(CheckpointError, match=f"names shard '{shard}', which is missing"):
+        CheckpointReader(tmp_path)
