@@ -21,13 +21,31 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="session")
-def tiny_checkpoint(request, tmp_path_factory):
+def build_variant(name: str, tmp_path_factory):
     """(path, transformers model, {prompt: (prompt logprobs, greedy continuation)}) for PROMPTS."""
-    arch, overrides = VARIANTS[request.param]
-    path, model = make_checkpoint(arch, tmp_path_factory.mktemp(request.param), **overrides)
+    arch, overrides = VARIANTS[name]
+    path, model = make_checkpoint(arch, tmp_path_factory.mktemp(name), **overrides)
     expected = {p: (prompt_logprobs(model, list(p)), greedy(model, list(p), GREEDY_TOKENS)) for p in PROMPTS}
     return path, model, expected
+
+
+@pytest.fixture(scope="session")
+def build_tiny(tmp_path_factory):
+    """name -> build_variant(name), each variant built at most once per session."""
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = build_variant(name, tmp_path_factory)
+        return built[name]
+
+    return get
+
+
+@pytest.fixture
+def tiny_checkpoint(request, build_tiny):
+    """Indirectly parametrized with a VARIANTS name."""
+    return build_tiny(request.param)
 
 
 # native format -> (arch, config overrides, writer)
