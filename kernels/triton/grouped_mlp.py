@@ -16,9 +16,12 @@ from kernels.formats.nvfp4 import BLOCK as NV_BLOCK
 from kernels.triton.decode import FMT_DENSE, FMT_FP8, FMT_MXFP4, FMT_NVFP4
 from kernels.triton.gemm import ACT_SILU, ACT_SWIGLU_OAI, grouped_gemm_kernel
 
-BM = 16
-BN = 32
-BK = 32
+BM = 16  # rows per program: decode shapes put a handful of rows on each expert
+# (BN, BK, num_warps): wide weight tiles on GPUs (memory bound at decode: stream each weight once per
+# row tile), small ones under the interpreter. BK divides the FP8 block (128), MXFP4 (32), NVFP4 (16)
+# block sizes only by convenience: scales are gathered per element, any BK is correct.
+TILES_CUDA = (64, 128, 4)
+TILES_INTERPRETER = (32, 32, 4)
 
 
 def tile_schedule(expert_idx: Tensor, counts: Tensor, device) -> tuple[Tensor, Tensor, Tensor]:
@@ -54,21 +57,25 @@ def format_args(t, dtype: torch.dtype) -> tuple:
     return (FMT_DENSE, w, w, w, *w.stride(), 0, 0, 0, 0, 1, 1, 1, 1)
 
 
-def _launch(x: Tensor, out: Tensor, sched, t, bias: Tensor | None, k: int, n_out: int, gated: bool, act: int) -> None:
+def _launch(x: Tensor, out: Tensor, sched, t, bias: Tensor | None, k: int, n_out: int, gated: bool, act: int, tiles) -> None:
     fmt, w, s, s2, *ints = format_args(t, x.dtype)
+    bn, bk, warps = tiles or (TILES_CUDA if x.is_cuda else TILES_INTERPRETER)
     tiles = sched[0].numel()
     b = bias.contiguous() if bias is not None else x
-    grid = (tiles, triton.cdiv(n_out, BN))
+    grid = (tiles, triton.cdiv(n_out, bn))
     grouped_gemm_kernel[grid](
         x, out, *sched, w, s, s2, b, k, n_out, *ints[:7], b.stride(0) if bias is not None else 0, *ints[7:],
         FMT=fmt, GATED=gated, ACT=act, HAS_BIAS=bias is not None,
         BF16=x.dtype == torch.bfloat16, NATIVE_BF16_DOT=x.is_cuda,
-        BM=BM, BN=BN, BK=BK,
+        BM=BM, BN=bn, BK=bk, num_warps=warps,
     )
 
 
-def grouped_expert_mlp_triton(x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights) -> Tensor:
-    """Same contract as kernels.grouped_expert_mlp: x [N, H] grouped by expert -> [N, H] in x.dtype."""
+def grouped_expert_mlp_triton(
+    x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights, tiles: tuple[int, int, int] | None = None
+) -> Tensor:
+    """Same contract as kernels.grouped_expert_mlp: x [N, H] grouped by expert -> [N, H] in x.dtype.
+    tiles: (BN, BK, num_warps), by default TILES_CUDA on CUDA tensors, TILES_INTERPRETER otherwise."""
     if int(counts.sum()) != x.shape[0] or bool((counts < 0).any()):
         raise ValueError(f"counts: must be non-negative and sum to N={x.shape[0]}")
     if x.shape[0] == 0:
@@ -82,7 +89,7 @@ def grouped_expert_mlp_triton(x: Tensor, expert_idx: Tensor, counts: Tensor, w: 
     inter, hidden = w.intermediate_size, w.hidden_size
     act = ACT_SILU if w.activation == "silu" else ACT_SWIGLU_OAI
     h = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)  # [N, I]
-    _launch(x, h, sched, w.gate_up, w.gate_up_bias, hidden, inter, True, act)
+    _launch(x, h, sched, w.gate_up, w.gate_up_bias, hidden, inter, True, act, tiles)
     out = torch.empty_like(x)  # [N, H]
-    _launch(h, out, sched, w.down, w.down_bias, inter, hidden, False, act)
+    _launch(h, out, sched, w.down, w.down_bias, inter, hidden, False, act, tiles)
     return out

@@ -66,6 +66,22 @@ def mlp_cases(device) -> dict[str, float]:
     return res
 
 
+def gpu_tile_cases(device) -> dict[str, float]:
+    """The GPU tile sizes (wider than these tiny matrices: masks everywhere), relative error as in mlp_cases."""
+    from kernels.triton.grouped_mlp import TILES_CUDA, grouped_expert_mlp_triton
+
+    res = {}
+    expert_idx, counts = torch.tensor([2, 0]), torch.tensor([3, 1])
+    for fmt in FORMATS:
+        w = prepare_experts(make_weights(e=3, h=40, i=24, seed=9), fmt, torch.float32)
+        torch.manual_seed(10)
+        x = torch.randn(4, 40)
+        out = grouped_expert_mlp_triton(x.to(device), expert_idx.to(device), counts.to(device), w.to(device), TILES_CUDA)
+        ref = reference(x, expert_idx, counts, w)
+        res[fmt] = (out.cpu().double() - ref).abs().max().item() / ref.abs().max().item()
+    return res
+
+
 def bf16_cases(device) -> dict[str, float]:
     """bfloat16 compute: max difference to the torch backend relative to the output scale."""
     res = {}
@@ -82,7 +98,10 @@ def bf16_cases(device) -> dict[str, float]:
 
 
 def run_all(device: str) -> dict[str, dict[str, float]]:
-    return {"dequant": dequant_tile_cases(device), "mlp": mlp_cases(device), "bf16": bf16_cases(device)}
+    return {
+        "dequant": dequant_tile_cases(device), "mlp": mlp_cases(device), "gpu_tiles": gpu_tile_cases(device),
+        "bf16": bf16_cases(device),
+    }
 
 
 if __name__ == "__main__":

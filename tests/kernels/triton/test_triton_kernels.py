@@ -34,6 +34,7 @@ def check(results):
     for name, rel in results["mlp"].items():
         assert rel <= 1e-5, f"{name}: relative error {rel}"
     for fmt in FORMATS:
+        assert results["gpu_tiles"][fmt] <= 1e-5, f"GPU tiles {fmt}: {results['gpu_tiles'][fmt]}"
         assert results["bf16"][fmt] <= 1e-2, f"bf16 {fmt}: {results['bf16'][fmt]}"
     assert len(results["mlp"]) == 2 * len(FORMATS)
 
