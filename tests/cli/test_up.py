@@ -1,0 +1,76 @@
+"""`moemesh up` as a real process: the serving line, a working mesh, no orphans after SIGTERM or
+after a child crashes (then it exits non-zero)."""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.e2e.helpers import generate_json, run_json
+
+LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+)$")
+
+
+def start_up(model_dir, tmp_path, *extra):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(model_dir), "--log-dir", str(tmp_path), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline().rstrip("\n")
+    m = LINE.match(line)
+    if not m:
+        proc.kill()
+        pytest.fail(f"moemesh up printed {line!r}; stderr:\n{proc.stderr.read()}")
+    return proc, m.group(1), m.group(2)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    alive = procs
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    assert not alive, f"orphans: {[(p.pid, p.cmdline()[-6:]) for p in alive]}"
+
+
+def test_up_serves_and_sigterm_stops_every_process(tiny_model_dir, tmp_path):
+    proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "2")
+    try:
+        children = descendants(proc.pid)
+        assert len([c for c in children if "serve" in c.cmdline()]) == 5  # control, 2 experts, attention, router
+        args = ["--prompt", "Hello", "--max-new-tokens", "6"]
+        assert generate_json(router, *args) == run_json("--model", str(tiny_model_dir), *args)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert_all_gone(children)
+    finally:
+        proc.kill()
+
+
+def test_a_crashed_child_stops_the_mesh_with_an_error(tiny_model_dir, tmp_path):
+    proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "1")
+    try:
+        children = descendants(proc.pid)
+        expert = next(c for c in children if "expert" in c.cmdline() and "serve" in c.cmdline())
+        expert.kill()
+        assert proc.wait(timeout=60) == 1
+        assert "expert-0 exited" in proc.stderr.read()
+        assert_all_gone(children)
+    finally:
+        proc.kill()
+
+
+def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(tiny_model_dir), "--expert-servers", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "expert_servers must be >= 1" in out.stderr
