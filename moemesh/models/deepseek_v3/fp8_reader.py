@@ -5,7 +5,7 @@ and LM head as `weight float8_e4m3fn [N, K]` + `weight_scale_inv float32 [ceil(N
 (a multiplier; BN x BK = `quantization_config.weight_block_size`, edge blocks partial).
 Decision: attention, dense-MLP and shared-expert weights are dequantized once at load into the compute
 dtype (they are a small share of the bytes and run on the attention side); routed experts stay FP8
-and are served as stored (see native_experts.py).
+and are served as stored (moemesh.moe.expert_loader).
 """
 from __future__ import annotations
 

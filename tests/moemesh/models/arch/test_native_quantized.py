@@ -1,5 +1,6 @@
 """Native quantized checkpoints (DeepSeek BlockwiseFP8 with partial edge blocks, ModelOpt NVFP4 experts,
-gpt-oss MXFP4 experts) written by independent quantizers, loaded as stored:
+gpt-oss MXFP4 experts) written by independent quantizers, loaded as stored by the engine's default path
+(non-expert FP8 weights by the DeepSeek model, experts by moemesh.moe.expert_loader):
   * experts stay in their stored format, bytes unchanged;
   * outputs match transformers run on the oracle's dequantized weights (1e-4, identical greedy);
   * outputs stay close to the unquantized model (figures printed with -s)."""
@@ -12,36 +13,26 @@ import transformers as tf
 from kernels.formats import FP8BlockExperts, MXFP4Experts, NVFP4Experts
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
-from moemesh.engine.config import EngineConfig
-from moemesh.engine.llm_engine import LLMEngine
 from moemesh.engine.sampling_params import SamplingParams
-from moemesh.models.deepseek_v3.native_experts import load_native_experts
-from moemesh.models.gpt_oss.experts import load_gpt_oss_experts
-from moemesh.moe.local_experts import LocalExperts
 from tests.moemesh.models.arch.conftest import NATIVE
+from tests.moemesh.models.arch.engine_helpers import make_engine
 from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, prompt_logprobs
 
 pytestmark = pytest.mark.parametrize("native_checkpoint", list(NATIVE), indirect=True, scope="module")
 
 PROMPT = [5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11, 200, 100, 50, 25, 12, 6, 3, 1, 0]
-# format -> (expert loader, expected expert type)
-CASES = {
-    "fp8": (load_native_experts, FP8BlockExperts),
-    "nvfp4": (load_native_experts, NVFP4Experts),
-    "mxfp4": (load_gpt_oss_experts, MXFP4Experts),
-}
+# format -> the expert type the engine must hold
+KIND = {"fp8": FP8BlockExperts, "nvfp4": NVFP4Experts, "mxfp4": MXFP4Experts}
 
 
 @pytest.fixture(scope="module")
 def quantized(native_checkpoint):
     fmt, qdir, deq_dir, model = native_checkpoint
-    loader, kind = CASES[fmt]
     cfg, reader = ModelConfig.from_model_dir(qdir), CheckpointReader(qdir)
-    experts = LocalExperts({l: loader(reader, cfg, l, range(cfg.num_experts), torch.float32) for l in cfg.moe_layers})
-    engine = LLMEngine(EngineConfig(model_dir=str(qdir), block_size=4, kv_cache_tokens=512), expert_compute=experts)
+    engine = make_engine(qdir)
     params = SamplingParams(max_new_tokens=32, temperature=0.0, prompt_logprobs=True, ignore_eos=True)
     result = engine.generate([PROMPT], params)[0]
-    return dict(fmt=fmt, kind=kind, qdir=qdir, deq_dir=deq_dir, model=model, experts=experts, reader=reader,
+    return dict(fmt=fmt, kind=KIND[fmt], qdir=qdir, deq_dir=deq_dir, model=model, experts=engine.experts, reader=reader,
                 cfg=cfg, result=result)
 
 
