@@ -1,0 +1,25 @@
+"""`moemesh generate` flag handling and errors (its happy path runs in tests/e2e)."""
+from __future__ import annotations
+
+from moemesh.cli.main import main
+
+
+def test_bad_prompt_ids_are_a_usage_error(capsys):
+    assert main(["generate", "--addr", "127.0.0.1:1", "--prompt-ids", "1,x"]) == 2
+    assert "--prompt-ids must be comma-separated integers" in capsys.readouterr().err
+
+
+def test_unreachable_router_reports_the_status(capsys):
+    from moemesh.launcher.ports import free_port
+
+    assert main(["generate", "--addr", f"127.0.0.1:{free_port()}", "--prompt-ids", "1,2", "--timeout", "0.5"]) == 1
+    assert "moemesh generate: error: DEADLINE_EXCEEDED" in capsys.readouterr().err
+
+
+def test_generate_accepts_the_sampling_flags_of_run():
+    from moemesh.cli.main import build_parser
+
+    run = build_parser().parse_args(["run", "--model", "m", "--prompt", "p"])
+    gen = build_parser().parse_args(["generate", "--addr", "h:1", "--prompt", "p"])
+    for flag in ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "raw_prompt", "json"):
+        assert getattr(gen, flag) == getattr(run, flag), flag
