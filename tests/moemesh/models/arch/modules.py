@@ -1,0 +1,52 @@
+"""Helpers for testing single layers against transformers modules: a dict-backed reader and a batch
+of one prefill (+ decode steps) over a fresh paged cache."""
+from __future__ import annotations
+
+import torch
+
+from moemesh.config import ModelConfig
+from moemesh.models.batch import BatchMeta, SeqSlice
+
+
+class DictReader:
+    """The CheckpointReader surface the loaders use, over a state dict with a name prefix."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], prefix: str = "") -> None:
+        self.tensors = {prefix + k: v.detach() for k, v in tensors.items()}
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name, shape=None, dtype=None):
+        t = self.tensors[name]
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name}: shape {tuple(t.shape)} != {tuple(shape)}")
+        return t if dtype is None else t.to(dtype)
+
+
+def model_config(hf_config) -> ModelConfig:
+    raw = hf_config.to_dict()
+    raw["architectures"] = [hf_config.architectures[0]] if hf_config.architectures else [ARCH[hf_config.model_type]]
+    return ModelConfig.from_dicts(raw)
+
+
+ARCH = {"deepseek_v3": "DeepseekV3ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+
+BLOCK = 4
+
+
+def prefill_meta(n: int, blocks: int = 8) -> BatchMeta:
+    return BatchMeta.build([SeqSlice(list(range(n)), 0, list(range(blocks)))], BLOCK)
+
+
+def decode_meta(pos: int, blocks: int = 8) -> BatchMeta:
+    return BatchMeta.build([SeqSlice([0], pos, list(range(blocks)))], BLOCK)
+
+
+def causal_mask(n: int, window: int | None = None) -> torch.Tensor:
+    """[1, 1, n, n] additive float mask (0 = attend, -inf = masked), transformers' eager convention."""
+    i = torch.arange(n)
+    ok = i[None, :] <= i[:, None]
+    if window is not None:
+        ok &= i[None, :] > i[:, None] - window
+    return torch.zeros(n, n).masked_fill(~ok, float("-inf"))[None, None]
