@@ -173,3 +173,20 @@ def test_gpt_oss_mxfp4_checkpoint_through_the_generic_loader(tmp_path):
     diff = (prompt_logprobs(stored) - prompt_logprobs(engine(dense))).abs().mean().item()
     print(f"\ngpt-oss: mean |prompt logprob - float32| mxfp4 (stored) {diff:.5f}")
     assert 0 < diff < MEAN_ABS_BOUND["mxfp4"]
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4"])
+def test_float32_checkpoint_computes_in_float32_on_the_dequantized_weights(tiny, fmt):
+    from tests.kernels.test_grouped_mlp import reference
+
+    _, path = tiny
+    eng = engine(path, experts_dtype=fmt, dtype="float32")
+    layer, w = next(iter(eng.experts.weights.items()))
+    assert w.fmt == fmt
+    torch.manual_seed(0)
+    x = torch.randn(6, w.hidden_size)
+    ids, counts = torch.tensor([1, 4, 6]), torch.tensor([2, 0, 4])
+    out = eng.experts.submit(layer, x, ids, counts).result()
+    assert out.dtype == torch.float32
+    ref = reference(x, ids, counts, w)
+    assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
