@@ -5,6 +5,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from control_svc.knobs import RoutingKnobs
 from control_svc.placement.types import Placement
 from control_svc.wire import ServerInfo
 
@@ -13,6 +14,7 @@ from control_svc.wire import ServerInfo
 class PlacementView:
     placement: Placement
     servers: tuple[ServerInfo, ...]  # every server the placement names
+    knobs: RoutingKnobs = RoutingKnobs()  # top-k / capacity in force with this version
 
 
 class PlacementBoard:

@@ -2,18 +2,26 @@
 
 prepare  every server loads the experts the new placement gives it and it does not hold yet,
          while still serving the old placement;
-commit   the new version is published; attention replicas adopt it at a step boundary;
+commit   the new version (with the routing knobs it carries) is published; attention replicas adopt
+         it at a step boundary;
 release  once every live attention replica reports the new version (or after a timeout), servers
          drop the copies only the old placement used.
 The initial placement is the same path with an empty old placement.
+
+Prepare and commit of one change at a time run under a lock. The wait for adoption does not hold
+it (a failover must not queue behind a slow release); the drops then take the lock again and
+skip every copy the placement committed by then names, so a later change that re-adds a copy is
+never undone. Dead servers are never called.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Callable, Mapping, Protocol
 
 from control_svc.board import PlacementBoard, PlacementView
+from control_svc.knobs import RoutingKnobs
 from control_svc.placement.types import Placement
 from control_svc.wire import ServerInfo
 
@@ -47,6 +55,11 @@ class SwitchError(RuntimeError):
     """A placement change could not be prepared; the old placement stays committed."""
 
 
+# build(current view) -> (placement, knobs) to switch to, or None for no change; its version is
+# set by the switch (current + 1)
+Build = Callable[[PlacementView], "tuple[Placement, RoutingKnobs] | None"]
+
+
 class PlacementSwitch:
     def __init__(
         self,
@@ -64,20 +77,42 @@ class PlacementSwitch:
         self.adopted = adopted
         self.prepare_timeout_s = prepare_timeout_s
         self.release_timeout_s = release_timeout_s
-        self._lock = asyncio.Lock()  # one change at a time
+        self._lock = asyncio.Lock()  # one prepare + commit at a time
+        self.running = 0  # changes between prepare and the end of release
 
-    async def switch(self, new: Placement) -> None:
-        async with self._lock:
-            old = self.board.current.placement
-            to_load, to_drop = placement_diff(old, new)
-            known = self.servers()
-            missing = sorted(set(new.servers()) - set(known))
-            if missing:
-                raise SwitchError(f"placement v{new.version} names unknown servers {missing}")
-            await self.prepare(to_load, known, new.version)
-            await self.board.publish(PlacementView(new, tuple(known[s] for s in new.servers())))
-            log.info("placement v%d committed over %d servers", new.version, len(new.servers()))
-            await self.release(to_drop, known, new.version)
+    async def switch(self, new: Placement, knobs: RoutingKnobs | None = None) -> None:
+        """Switch to `new` exactly (its version must exceed the committed one); knobs default to the current ones."""
+        await self.switch_with(lambda view: (new, knobs if knobs is not None else view.knobs), renumber=False)
+
+    async def switch_with(self, build: Build, renumber: bool = True) -> PlacementView | None:
+        """Evaluate `build` on the committed view under the lock and switch to its result (numbered
+        current + 1 when `renumber`). Returns the committed view, or None when `build` returned None."""
+        self.running += 1
+        try:
+            async with self._lock:
+                current = self.board.current
+                built = build(current)
+                if built is None:
+                    return None
+                new, knobs = built
+                if renumber:
+                    new = dataclasses.replace(new, version=current.placement.version + 1)
+                to_load, to_drop = placement_diff(current.placement, new)
+                known = self.servers()
+                missing = sorted(set(new.servers()) - set(known))
+                if missing:
+                    raise SwitchError(f"placement v{new.version} names unknown servers {missing}")
+                dead = sorted(s for s in new.servers() if known[s].state == "dead")
+                if dead:
+                    raise SwitchError(f"placement v{new.version} names dead servers {dead}")
+                await self.prepare(to_load, known, new.version)
+                view = PlacementView(new, tuple(known[s] for s in new.servers()), knobs)
+                await self.board.publish(view)
+                log.info("placement v%d committed over %d servers (%s)", new.version, len(new.servers()), knobs.describe())
+            await self.release(to_drop, new.version)
+            return view
+        finally:
+            self.running -= 1
 
     async def prepare(self, to_load: dict[str, LayerExperts], known: Mapping[str, ServerInfo], version: int) -> None:
         calls = [self.ops.load(known[s], experts, version) for s, experts in to_load.items()]
@@ -86,16 +121,33 @@ class PlacementSwitch:
         except Exception as e:
             raise SwitchError(f"prepare of placement v{version} failed: {e}") from e
 
-    async def release(self, to_drop: dict[str, LayerExperts], known: Mapping[str, ServerInfo], version: int) -> None:
+    async def wait_adopted(self, version: int, timeout_s: float) -> bool:
+        """Until every live attention replica runs `version` or later (True), or `timeout_s` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while any(v is None or v < version for v in self.adopted()):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def release(self, to_drop: dict[str, LayerExperts], version: int) -> None:
         if not to_drop:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.release_timeout_s
-        while any(v is None or v < version for v in self.adopted()) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        results = await asyncio.gather(
-            *[self.ops.drop(known[s], experts, version) for s, experts in to_drop.items() if s in known], return_exceptions=True
-        )
+        await self.wait_adopted(version, self.release_timeout_s)
+        async with self._lock:
+            committed = self.board.current.placement
+            known = self.servers()
+            calls = []
+            for s, layers in to_drop.items():
+                if s not in known or known[s].state == "dead":
+                    continue
+                held = committed.experts_on(s)
+                keep = {l: tuple(e for e in es if e not in held.get(l, ())) for l, es in layers.items()}
+                keep = {l: es for l, es in keep.items() if es}
+                if keep:
+                    calls.append(self.ops.drop(known[s], keep, version))
+            results = await asyncio.gather(*calls, return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):  # an old copy that stays loaded costs memory, not correctness
                 log.warning("release after placement v%d: %s", version, r)

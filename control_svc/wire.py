@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from control_svc.knobs import LayerKnobSetting, RoutingKnobs
 from control_svc.placement.types import Placement
 from moemesh.rpc.protos import load
 
@@ -70,4 +71,26 @@ def server_from_proto(msg) -> ServerInfo:
         host_id=msg.host_id,
         dist_addr=msg.dist_addr,
         state=STATE_NAMES.get(msg.state, "serving"),
+    )
+
+
+def knobs_to_proto(k: RoutingKnobs):
+    msg = control_pb2.MoeKnobs(
+        layers=[control_pb2.LayerKnobs(layer=s.layer, top_k=s.top_k, capacity_factor=s.capacity_factor) for s in k.layers]
+    )
+    if k.top_k is not None:
+        msg.top_k = k.top_k
+    if k.capacity_factor is not None:
+        msg.capacity_factor = k.capacity_factor
+    return msg
+
+
+def knobs_from_proto(msg) -> RoutingKnobs:
+    def opt(m, name):
+        return getattr(m, name) if m.HasField(name) else None
+
+    return RoutingKnobs(
+        opt(msg, "top_k"),
+        opt(msg, "capacity_factor"),
+        tuple(LayerKnobSetting(l.layer, opt(l, "top_k"), opt(l, "capacity_factor")) for l in msg.layers),
     )

@@ -31,6 +31,8 @@ class ExpertServerConfig:
     dist_timeout_s: float = field(default=60.0, metadata={"help": "forming a dist pair group or one transfer may take this long"})
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight work gets this long"})
     compute_threads: int = field(default=1, metadata={"help": "Forward calls computed concurrently"})
+    load_window_s: float = field(default=60.0, metadata={"help": "sliding window of the per-expert token counts reported to the control plane"})
+    metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port; unset = no metrics endpoint, 0 = any free port"})
     rpc: RpcConfig = RpcConfig()
 
     def __post_init__(self) -> None:
@@ -44,7 +46,9 @@ class ExpertServerConfig:
         for name in ("slot_budget", "memory_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("drain_timeout_s", "dist_timeout_s"):
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in [0, 65535] (or unset), got {self.metrics_port}")
+        for name in ("drain_timeout_s", "dist_timeout_s", "load_window_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.compute_threads < 1:

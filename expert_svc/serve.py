@@ -1,6 +1,6 @@
 """Running an expert server as a process: `python -m expert_svc --model-dir DIR [...]`.
 
-Once serving it prints `moemesh expert_svc: serving HOST:PORT [dist=HOST:PORT] [id=SERVER_ID]`
+Once serving it prints `moemesh expert_svc: serving HOST:PORT [dist=HOST:PORT] [id=SERVER_ID] [metrics=HOST:PORT]`
 (flushed) on stdout.
 With `--control-addr` it registers, heartbeats and takes LoadExperts/DropExperts from the control
 plane. SIGTERM/SIGINT drain it: health NOT_SERVING, tell the control plane (which moves this server's
@@ -45,12 +45,13 @@ async def run(cfg: ExpertServerConfig, stop: asyncio.Event) -> None:
     beats = None
     try:
         if cfg.control_addr:
-            agent = ControlAgent(cfg.control_addr, cfg.rpc, server_info(parts), lambda: stats_message(parts.shard))
+            agent = ControlAgent(cfg.control_addr, cfg.rpc, server_info(parts), lambda: stats_message(parts.shard, gpu=parts.gpu))
             placement = await agent.register()
             for layer, experts in placement.experts_on(agent.server_id).items():  # a re-registered server
                 await asyncio.to_thread(parts.shard.load, layer, experts)
             beats = asyncio.create_task(agent.heartbeat_forever())
         extra = (f" dist={parts.dist.addr}" if parts.dist else "") + (f" id={agent.server_id}" if agent else "")
+        extra += f" metrics={cfg.host}:{parts.metrics_server.port}" if parts.metrics_server else ""
         print(f"{READY} {parts.address}{extra}", flush=True)
         await stop.wait()
         await drain(parts, agent, cfg.drain_timeout_s)

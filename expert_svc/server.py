@@ -15,6 +15,7 @@ from expert_svc.dist_hub import DistHub
 from expert_svc.servicer import ExpertServicer, expert_grpc
 from expert_svc.shard import ExpertShard
 from moemesh.rpc.server import MeshServer, Service, build_server
+from moemesh.telemetry import GpuTelemetry, MetricsServer, ServiceMetrics
 
 SERVICE_NAME = "moemesh.v1.ExpertService"
 
@@ -26,6 +27,9 @@ class ExpertServerParts:
     shard: ExpertShard
     dist: DistHub | None
     cfg: ExpertServerConfig
+    gpu: GpuTelemetry
+    metrics: ServiceMetrics
+    metrics_server: MetricsServer | None = None  # /metrics when cfg.metrics_port is set
 
     @property
     def address(self) -> str:
@@ -44,18 +48,25 @@ def select_device(spec: str) -> torch.device:
 
 def build_expert_server(cfg: ExpertServerConfig) -> ExpertServerParts:
     device = select_device(cfg.device)
-    shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget)
+    gpu = GpuTelemetry.for_device(cfg.device)
+    shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget, cfg.load_window_s)
+    metrics = ServiceMetrics("expert", load=shard.stats.load, gpu=gpu)
+    shard.stats.metrics = metrics  # queue depth and busy time mirrored into /metrics
     if cfg.preload == "all":
         shard.load_all()
     dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s) if cfg.offers_dist else None
     pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
-    servicer = ExpertServicer(shard, pool, cfg.rpc.max_message_bytes, dist)
+    servicer = ExpertServicer(shard, pool, cfg.rpc.max_message_bytes, dist, gpu)
     server = build_server(cfg.rpc, Service(expert_grpc.add_ExpertServiceServicer_to_server, servicer, SERVICE_NAME))
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     server.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))
     if dist is not None:
         server.add_cleanup(dist.close)
-    return ExpertServerParts(server, port, shard, dist, cfg)
+    metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None
+    if metrics_server is not None:
+        server.add_cleanup(metrics_server.stop)
+    server.add_cleanup(gpu.close)
+    return ExpertServerParts(server, port, shard, dist, cfg, gpu, metrics, metrics_server)
 
 
 def create_server(cfg: ExpertServerConfig) -> tuple[MeshServer, int]:

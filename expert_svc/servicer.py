@@ -12,6 +12,7 @@ from expert_svc.dist_hub import CLIENT_RANK, DistHub
 from expert_svc.errors import BadForward, OverBudget, UnknownExperts
 from expert_svc.shard import ExpertShard
 from moemesh.rpc.protos import load
+from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
 from moemesh.transport.codec import CodecError, decode, encode, parse_dtype, check_shape
 
 expert_pb2, expert_grpc = load("expert")
@@ -37,7 +38,10 @@ def expert_set(held: dict[int, tuple[int, ...]]):
 
 
 class ExpertServicer(expert_grpc.ExpertServiceServicer):
-    def __init__(self, shard: ExpertShard, pool: ThreadPoolExecutor, max_message_bytes: int, dist: DistHub | None = None):
+    def __init__(
+        self, shard: ExpertShard, pool: ThreadPoolExecutor, max_message_bytes: int, dist: DistHub | None = None, gpu: GpuTelemetry | None = None
+    ):
+        self.gpu = gpu
         self.shard = shard
         self.pool = pool
         self.max_bytes = max_message_bytes
@@ -101,7 +105,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         return expert_set(self.shard.held())
 
     async def GetStats(self, request, context):
-        return stats_message(self.shard, reset=request.reset)
+        return stats_message(self.shard, reset=request.reset, gpu=self.gpu)
 
     async def OpenDistLink(self, request, context):
         if self.dist is None:
@@ -113,7 +117,16 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         return expert_pb2.OpenDistLinkResponse(link_id=link_id, store_addr=self.dist.addr, backend=self.dist.backend, client_rank=CLIENT_RANK)
 
 
-def stats_message(shard: ExpertShard, reset: bool = False):
+def gpu_message(gpu: GpuTelemetry | None):
+    s = gpu.read() if gpu is not None else UNAVAILABLE
+    return expert_pb2.GpuStats(
+        available=s.available, name=s.name, utilization=s.utilization, memory_used_bytes=s.memory_used_bytes,
+        memory_total_bytes=s.memory_total_bytes, power_watts=s.power_watts,
+    )
+
+
+def stats_message(shard: ExpertShard, reset: bool = False, gpu: GpuTelemetry | None = None):
+    """The shard's stats as moemesh.v1.ExpertStats; `gpu` None reports no GPU."""
     snap = shard.stats.snapshot(reset=reset)
     return expert_pb2.ExpertStats(
         loads=[expert_pb2.ExpertLoad(layer=l, expert_id=e, tokens=n) for (l, e), n in sorted(snap.tokens.items())],
@@ -122,4 +135,5 @@ def stats_message(shard: ExpertShard, reset: bool = False):
         requests=snap.requests,
         window_seconds=snap.window_seconds,
         held=expert_set(shard.held()),
+        gpu=gpu_message(gpu),
     )

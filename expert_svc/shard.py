@@ -56,14 +56,16 @@ class ExpertShard:
         device: torch.device,
         experts_dtype: str | None = None,
         slot_budget: int = 0,
+        stats: ShardStats | None = None,
     ):
+        """stats: where forwards are counted (default: a 60 s load window, no Prometheus metrics)."""
         self.reader = reader
         self.model = model
         self.dtype = dtype
         self.device = device
         self.experts_dtype = experts_dtype
         self.slot_budget = slot_budget
-        self.stats = ShardStats()
+        self.stats = stats or ShardStats(model.moe_layers, model.num_experts)
         self._layers: dict[int, LayerShard] = {}
         self._mutate = threading.Lock()  # one load/drop at a time; forwards never take it
 
@@ -161,11 +163,18 @@ class ExpertShard:
 
     @classmethod
     def from_model_dir(
-        cls, model_dir: str, dtype: str, device: torch.device, experts_dtype: str | None = None, slot_budget: int = 0
+        cls,
+        model_dir: str,
+        dtype: str,
+        device: torch.device,
+        experts_dtype: str | None = None,
+        slot_budget: int = 0,
+        load_window_s: float = 60.0,
     ) -> "ExpertShard":
-        """dtype: "auto" (the checkpoint's) or a torch dtype name."""
+        """dtype: "auto" (the checkpoint's) or a torch dtype name; load_window_s: the stats' load window."""
         model = ModelConfig.from_model_dir(model_dir)
         if model.num_experts <= 0:
             raise ValueError(f"model_dir {model_dir!r} holds a dense model: no experts to serve")
         compute = model.dtype if dtype == "auto" else getattr(torch, dtype)
-        return cls(CheckpointReader(model_dir), model, compute, device, experts_dtype, slot_budget)
+        stats = ShardStats(model.moe_layers, model.num_experts, window_s=load_window_s)
+        return cls(CheckpointReader(model_dir), model, compute, device, experts_dtype, slot_budget, stats)
