@@ -1,8 +1,7 @@
-"""Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air): grouped-query attention with optional q/k RMSNorm,
-q/k/v bias and partial rotary (see partial_rope.py), dense first layers, then the DeepSeek-style
-grouped sigmoid gate with shared experts (moemesh.models.deepseek_v3.decoder / moe).
+"""Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air): GlmAttention (attention.py), dense first layers, then the
+DeepSeek-style grouped sigmoid gate with shared experts (moemesh.models.deepseek_v3.decoder / moe).
 
-Shape legend: T tokens, H hidden, NH query heads, KVH key/value heads, D head dim.
+Shape legend: T tokens, H hidden.
 """
 from __future__ import annotations
 
@@ -11,53 +10,19 @@ from torch import Tensor
 
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
-from moemesh.models.attention import AttentionWeights, attention
+from moemesh.models.attention import AttentionWeights
 from moemesh.models.batch import BatchMeta
-from moemesh.models.deepseek_v3.config import rope_parameters
 from moemesh.models.deepseek_v3.decoder import GroupedGateDecoderLM
-from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
-from moemesh.models.glm4_moe.config import rotary_dim
-from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation, permute_heads
+from moemesh.models.glm4_moe.attention import GlmAttention
 
 
 class Glm4MoeForCausalLM(GroupedGateDecoderLM):
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
-        self.perm = head_permutation(cfg.head_dim, rotary_dim(cfg))  # [D]
+        self.attention = GlmAttention(cfg, dtype)
         super().__init__(cfg, reader, dtype)
-        partial = build_rotary_table(rope_parameters(cfg.raw), rotary_dim(cfg), cfg.max_position_embeddings)
-        self.rope = full_width_table(partial, cfg.head_dim)
 
     def load_attention(self, reader: CheckpointReader, prefix: str) -> AttentionWeights:
-        """q/k projection rows, biases and norm weights come back with each head's dims permuted."""
-        cfg, dt, perm = self.cfg, self.dtype, self.perm
-        h, d, nh, kvh = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-
-        def get(name: str, shape: tuple[int, ...]) -> Tensor:
-            return reader.get(f"{prefix}.{name}", shape=shape, dtype=dt)
-
-        q = permute_heads(get("q_proj.weight", (nh * d, h)), nh, perm)
-        k = permute_heads(get("k_proj.weight", (kvh * d, h)), kvh, perm)
-        v = get("v_proj.weight", (kvh * d, h))
-        bias = None
-        if reader.has(f"{prefix}.q_proj.bias"):
-            bias = torch.cat(
-                [
-                    permute_heads(get("q_proj.bias", (nh * d,)), nh, perm),
-                    permute_heads(get("k_proj.bias", (kvh * d,)), kvh, perm),
-                    get("v_proj.bias", (kvh * d,)),
-                ]
-            )
-        return AttentionWeights(
-            qkv=torch.cat([q, k, v]),
-            o=get("o_proj.weight", (h, nh * d)),
-            num_heads=nh,
-            num_kv_heads=kvh,
-            head_dim=d,
-            qkv_bias=bias,
-            q_norm=get("q_norm.weight", (d,))[perm] if cfg.qk_norm else None,
-            k_norm=get("k_norm.weight", (d,))[perm] if cfg.qk_norm else None,
-            norm_eps=cfg.rms_norm_eps,
-        )
+        return self.attention.load(reader, prefix)
 
     def attend(self, h: Tensor, w: AttentionWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor]) -> Tensor:
-        return attention(h, w, meta, self.rope, kv_pair[0], kv_pair[1])
+        return self.attention(h, w, meta, kv_pair)

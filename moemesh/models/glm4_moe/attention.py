@@ -1,0 +1,66 @@
+"""GLM-4.5 MoE attention: grouped-query attention with optional per-head q/k RMSNorm, q/k/v bias and
+partial rotary, served by the engine's standard paged attention (partial rope as a permuted
+full-width rope, see partial_rope.py).
+
+Shape legend: T tokens, H hidden, NH query heads, KVH key/value heads, D head dim.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from moemesh.checkpoint import CheckpointReader
+from moemesh.config import ModelConfig
+from moemesh.models.attention import AttentionWeights, attention
+from moemesh.models.batch import BatchMeta
+from moemesh.models.deepseek_v3.config import rope_parameters
+from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
+from moemesh.models.glm4_moe.config import rotary_dim
+from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation, permute_heads
+
+
+class GlmAttention:
+    """Loads one layer's attention weights (q/k dims permuted) and runs them over the paged cache."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        self.cfg, self.dtype = cfg, dtype
+        rot = rotary_dim(cfg)
+        self.perm = head_permutation(cfg.head_dim, rot)  # [D]
+        partial = build_rotary_table(rope_parameters(cfg.raw), rot, cfg.max_position_embeddings)
+        self.rope = full_width_table(partial, cfg.head_dim)
+
+    def load(self, reader: CheckpointReader, prefix: str) -> AttentionWeights:
+        """q/k projection rows, biases and norm weights come back with each head's dims permuted."""
+        cfg, dt, perm = self.cfg, self.dtype, self.perm
+        h, d, nh, kvh = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+
+        def get(name: str, shape: tuple[int, ...]) -> Tensor:
+            return reader.get(f"{prefix}.{name}", shape=shape, dtype=dt)
+
+        q = permute_heads(get("q_proj.weight", (nh * d, h)), nh, perm)
+        k = permute_heads(get("k_proj.weight", (kvh * d, h)), kvh, perm)
+        v = get("v_proj.weight", (kvh * d, h))
+        bias = None
+        if reader.has(f"{prefix}.q_proj.bias"):
+            bias = torch.cat(
+                [
+                    permute_heads(get("q_proj.bias", (nh * d,)), nh, perm),
+                    permute_heads(get("k_proj.bias", (kvh * d,)), kvh, perm),
+                    get("v_proj.bias", (kvh * d,)),
+                ]
+            )
+        return AttentionWeights(
+            qkv=torch.cat([q, k, v]),
+            o=get("o_proj.weight", (h, nh * d)),
+            num_heads=nh,
+            num_kv_heads=kvh,
+            head_dim=d,
+            qkv_bias=bias,
+            q_norm=get("q_norm.weight", (d,))[perm] if cfg.qk_norm else None,
+            k_norm=get("k_norm.weight", (d,))[perm] if cfg.qk_norm else None,
+            norm_eps=cfg.rms_norm_eps,
+        )
+
+    def __call__(self, h: Tensor, w: AttentionWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor]) -> Tensor:
+        """h [T, H] -> [T, H]."""
+        return attention(h, w, meta, self.rope, kv_pair[0], kv_pair[1])
