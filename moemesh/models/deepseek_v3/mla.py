@@ -106,16 +106,12 @@ class LatentCache:
         return torch.cat([k, v], dim=-1)
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    return F.linear(x, w, b)
-
-
 def queries(x: Tensor, w: MLAWeights) -> Tensor:
     """x [T, H] -> q [T, NH, Dn+Dr] (before rope)."""
     if w.q is not None:
         q = x @ w.q.t()
     else:
-        q = rms_norm(linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LATENT_NORM_EPS) @ w.q_b.t()
+        q = rms_norm(F.linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LATENT_NORM_EPS) @ w.q_b.t()
     return q.view(x.shape[0], w.num_heads, w.qk_nope_head_dim + w.qk_rope_head_dim)
 
 
@@ -129,7 +125,7 @@ def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, 
     nh, r, dn, dr, dv = w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim
     q = queries(x, w)  # [T, NH, Dn+Dr]
     q_nope, q_pe = q[..., :dn], q[..., dn:]
-    kv = linear(x, w.kv_a, w.kv_a_bias)  # [T, R+Dr]
+    kv = F.linear(x, w.kv_a, w.kv_a_bias)  # [T, R+Dr]
     c_kv = rms_norm(kv[:, :r], w.kv_a_norm, LATENT_NORM_EPS)  # [T, R]
     cos, sin = rope.for_positions(meta.positions, x.dtype)  # [T, 1, Dr]
     q_pe = rotate(q_pe, cos, sin, w.rope_interleave)  # [T, NH, Dr]
@@ -143,7 +139,7 @@ def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, 
     for start, n in meta.prefills:
         sl = slice(start, start + n)
         out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], c_kv[sl], k_pe[sl], w)
-    return linear(out.view(t, nh * dv), w.o, w.o_bias)  # [T, H]
+    return F.linear(out.view(t, nh * dv), w.o, w.o_bias)  # [T, H]
 
 
 def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, lat: Tensor, mask: Tensor) -> Tensor:

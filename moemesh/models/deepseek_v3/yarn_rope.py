@@ -79,7 +79,7 @@ def mla_softmax_scale(qk_head_dim: int, rope: dict[str, Any]) -> float:
     """DeepSeek's attention scale: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN."""
     scale = qk_head_dim**-0.5
     if rope.get("rope_type", "default") != "default" and rope.get("mscale_all_dim"):
-        m = yarn_mscale(float(rope["factor"]), float(rope["mscale_all_dim"]))
+        m = yarn_mscale(float(rope.get("factor") or 1.0), float(rope["mscale_all_dim"]))
         scale = scale * m * m
     return scale
 

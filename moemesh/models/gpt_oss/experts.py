@@ -26,19 +26,11 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 
 
-def _odd(t: Tensor, dim: int) -> Tensor:
-    idx = torch.arange(1, t.shape[dim], 2)
-    return t.index_select(dim, idx)
-
-
-def _even(t: Tensor, dim: int) -> Tensor:
-    idx = torch.arange(0, t.shape[dim], 2)
-    return t.index_select(dim, idx)
-
-
 def gate_then_up(t: Tensor, dim: int) -> Tensor:
     """Interleaved gate/up along `dim` (gate at even indices, up at odd) -> gate half then up half."""
-    return torch.cat([_even(t, dim), _odd(t, dim)], dim=dim)
+    n = t.shape[dim]
+    order = torch.cat([torch.arange(0, n, 2), torch.arange(1, n, 2)])
+    return t.index_select(dim, order)
 
 
 def is_mxfp4(reader: CheckpointReader, layer: int) -> bool:
