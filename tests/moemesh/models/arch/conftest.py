@@ -60,9 +60,9 @@ NATIVE = {
 
 @pytest.fixture(scope="session")
 def native_checkpoint(request, tmp_path_factory):
-    """(format, quantized dir, dequantized-reference dir, unquantized transformers model)."""
+    """(format, quantized dir, dequantized-reference dir, unquantized transformers model, unquantized dir)."""
     arch, overrides, writer = NATIVE[request.param]
     root = tmp_path_factory.mktemp(f"native_{request.param}")
     src, model = make_checkpoint(arch, root / "src", **overrides)
     qdir, deq_dir = writer(src, root / "quantized")
-    return request.param, qdir, deq_dir, model
+    return request.param, qdir, deq_dir, model, src

@@ -27,7 +27,7 @@ KIND = {"fp8": FP8BlockExperts, "nvfp4": NVFP4Experts, "mxfp4": MXFP4Experts}
 
 @pytest.fixture(scope="module")
 def quantized(native_checkpoint):
-    fmt, qdir, deq_dir, model = native_checkpoint
+    fmt, qdir, deq_dir, model, src = native_checkpoint
     cfg, reader = ModelConfig.from_model_dir(qdir), CheckpointReader(qdir)
     engine = make_engine(qdir)
     params = SamplingParams(max_new_tokens=32, temperature=0.0, prompt_logprobs=True, ignore_eos=True)
@@ -75,3 +75,4 @@ def test_close_to_unquantized_model(quantized):
     mean = sum(diffs) / len(diffs)
     print(f"\n{quantized['fmt']}: mean |dlogprob| {mean:.4f}, max {max(diffs):.4f} over {len(diffs)} prompt tokens")
     assert 0 < mean < MEAN_BOUND[quantized["fmt"]]
+

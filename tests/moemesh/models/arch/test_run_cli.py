@@ -36,7 +36,7 @@ def test_run_matches_transformers(tiny_checkpoint):
 
 @pytest.mark.parametrize("native_checkpoint", list(NATIVE), indirect=True)
 def test_run_quantized_matches_dequantized_reference(native_checkpoint):
-    _, qdir, deq_dir, _ = native_checkpoint
+    _, qdir, deq_dir, _, _ = native_checkpoint
     ref = tf.AutoModelForCausalLM.from_pretrained(deq_dir, dtype=torch.float32).eval()
     prompt = list(PROMPTS[0])
     out = moemesh_run(qdir, prompt)
