@@ -1,4 +1,4 @@
-"""`GrpcExpertOps`: the control plane calling LoadExperts/DropExperts on expert servers."""
+"""`GrpcExpertOps`: the control plane calling LoadExperts/DropExperts (and GetStats as a probe) on expert servers."""
 from __future__ import annotations
 
 from moemesh.rpc.config import RpcConfig
@@ -32,6 +32,10 @@ class GrpcExpertOps:
     async def drop(self, server: ServerInfo, experts: dict[int, tuple[int, ...]], version: int) -> None:
         req = expert_pb2.DropExpertsRequest(placement_version=version, experts=layer_experts_msgs(experts))
         await self.stub(server.address).DropExperts(req, timeout=self.timeout_s)
+
+    async def ping(self, server: ServerInfo, timeout_s: float) -> None:
+        """Raises unless the server answers GetStats within `timeout_s`."""
+        await self.stub(server.address).GetStats(expert_pb2.GetStatsRequest(), timeout=timeout_s)
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

@@ -1,7 +1,15 @@
-"""`ControlPlane`: registry + placement board + switch, and when to place experts.
+"""`ControlPlane`: registry + placement board + switch, and when to change the placement.
 
-Once `expected_expert_servers` servers are serving and no placement exists, the initial placement
-(round robin within slot budgets) goes through prepare -> commit -> release as version 1.
+- initial: once `expected_expert_servers` servers serve and no placement exists, the initial
+  placement (round robin within slot budgets) goes through prepare -> commit -> release as v1;
+- rebalance: on request or every `rebalance_interval_s`, the solver's placement for the servers'
+  window load is switched in when the policy says it is worth it (`control_svc/rebalance.py`);
+- knobs: top-k / capacity changes are a new version with the same replicas and new knobs;
+- join: a server registering after the initial placement gets experts (a forced rebalance);
+- drain: a draining server's experts move to the others before it leaves;
+- failover: a server that misses heartbeats for `dead_after_s`, or that an attention replica
+  reports unreachable and that then fails a probe, is declared dead; its copies with replicas
+  elsewhere are dropped from the placement, its sole copies move to the others (evacuate).
 """
 from __future__ import annotations
 
@@ -9,12 +17,20 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from control_svc.board import PlacementBoard
+import torch
+
+from control_svc.board import PlacementBoard, PlacementView
+from control_svc.config import ControlConfig
 from control_svc.evacuate import evacuate
 from control_svc.initial_placement import round_robin_placement
+from control_svc.knobs import RoutingKnobs
+from control_svc.load import window_load
+from control_svc.placement import ServerBudget, balancedness
+from control_svc.rebalance import RebalancePlan, plan_rebalance
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
 from control_svc.wire import ServerInfo
+from moemesh.telemetry import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -24,38 +40,42 @@ class ControlPlane:
         self,
         moe_layers: tuple[int, ...],
         num_experts: int,
-        expected_expert_servers: int,
+        cfg: ControlConfig,
         ops: ExpertServerOps,
-        heartbeat_interval_s: float,
-        dead_after_s: float,
-        prepare_timeout_s: float,
-        release_timeout_s: float,
         registry: Registry | None = None,
+        metrics: ServiceMetrics | None = None,
     ):
         self.moe_layers = moe_layers
         self.num_experts = num_experts
-        self.expected = expected_expert_servers
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.dead_after_s = dead_after_s
+        self.cfg = cfg
+        self.expected = cfg.expected_expert_servers
+        self.heartbeat_interval_s = cfg.heartbeat_interval_s
+        self.dead_after_s = cfg.dead_after_s
+        self.policy = cfg.policy()
+        self.ops = ops
         self.registry = registry or Registry()
+        self.metrics = metrics
         self.board = PlacementBoard()
         self.switch = PlacementSwitch(
             ops,
             self.board,
             lambda: {s.server_id: s for s in self.registry.servers()},
             lambda: [r.adopted_version for r in self.registry.live_attention()],
-            prepare_timeout_s,
-            release_timeout_s,
+            cfg.prepare_timeout_s,
+            cfg.release_timeout_s,
         )
         self._initial: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # placement changes running in the background
         self.moving: set[str] = set()  # draining servers whose experts are being moved away
 
+    # ---- registration ------------------------------------------------------------------------
     def register_expert(self, info: ServerInfo) -> ServerInfo:
         rec = self.registry.register_expert(info)
         log.info("expert server %s registered at %s (%s)", rec.server_id, rec.address, rec.device)
         if self.board.version == 0 and len(self.registry.serving()) >= self.expected and self._initial is None:
             self._initial = asyncio.get_running_loop().create_task(self.place_initial())
+        elif self.board.version > 0:
+            self._background(self.rebalance(force=True), f"placing experts on new server {rec.server_id}", lambda: None)
         return rec
 
     async def place_initial(self) -> None:
@@ -63,6 +83,7 @@ class ControlPlane:
         try:
             placement = round_robin_placement(self.moe_layers, self.num_experts, servers, version=1)
             await self.switch.switch(placement)
+            self._publish_metrics()
         except Exception:
             log.exception("initial placement failed; it is retried on the next registration")
             self._initial = None
@@ -76,22 +97,147 @@ class ControlPlane:
                 raise TimeoutError(f"no placement committed within {timeout_s}s")
             await asyncio.sleep(0.02)
 
+    def heartbeat(self, id_: str, adopted_version: int | None, stats: Any) -> bool:
+        return self.registry.heartbeat(id_, adopted_version, stats)
+
+    # ---- load and balance --------------------------------------------------------------------
+    def load(self) -> torch.Tensor:
+        """[L, E] tokens per (MoE layer, expert) over the live servers' load windows."""
+        stats = [r.stats for r in self.registry.experts.values() if r.info.state != "dead"]
+        return window_load(stats, self.moe_layers, self.num_experts)
+
+    def budgets(self) -> list[ServerBudget]:
+        return [
+            ServerBudget.from_total(s.server_id, s.slot_budget, len(self.moe_layers), self.num_experts)
+            for s in self.registry.serving()
+        ]
+
+    def balancedness(self) -> float:
+        placement = self.board.current.placement
+        ids = [s.server_id for s in self.registry.serving()] or list(placement.servers())
+        if placement.version == 0 or not ids:
+            return 1.0
+        return balancedness(self.load(), placement, ids, self.moe_layers)
+
+    def _publish_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.set_placement(self.board.version, self.balancedness())
+
+    # ---- placement changes -------------------------------------------------------------------
+    async def rebalance(self, force: bool = False, prior: int = 1) -> RebalancePlan:
+        """Solve for the window load (+ `prior` tokens per expert, so an idle mesh still spreads)
+        and switch when the plan says so. Returns the plan (`placement` None: nothing switched)."""
+        plans: list[RebalancePlan] = []
+
+        def build(view: PlacementView):
+            if view.placement.version == 0:
+                raise ValueError("no placement yet: the expert servers have not all registered")
+            budgets = self.budgets()
+            if not budgets:
+                raise ValueError("no serving expert server to place experts on")
+            num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
+            plan = plan_rebalance(self.load() + prior, budgets, view.placement, self.moe_layers, self.policy, num_physical, force)
+            plans.append(plan)
+            return None if plan.placement is None else (plan.placement, view.knobs)
+
+        view = await self.switch.switch_with(build)
+        self._publish_metrics()
+        plan = plans[-1]
+        if view is not None:
+            log.info("rebalanced to v%d: balancedness %.3f -> %.3f, %d moves, %d tokens in the window",
+                     view.placement.version, plan.before, plan.after, plan.moves, plan.tokens)
+        return plan
+
+    def _physical(self, budgets: list[ServerBudget]) -> int:
+        """E + redundant_experts copies per layer, capped by what the budgets hold."""
+        capacity = sum(min(b.slots, self.num_experts) for b in budgets)
+        return max(self.num_experts, min(self.num_experts + self.cfg.redundant_experts, capacity))
+
+    async def set_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> PlacementView:
+        """Commit a new version with the same replicas and the changed knobs; returns once every
+        live attention replica runs it (or after `release_timeout_s`). ValueError for bad values."""
+        self.check_knobs(top_k, capacity_factor, layer)
+        checked: list[RoutingKnobs] = []
+
+        def build(view: PlacementView):
+            if view.placement.version == 0:
+                raise ValueError("no placement yet: the expert servers have not all registered")
+            checked.append(view.knobs.updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer))
+            return view.placement, checked[-1]
+
+        view = await self.switch.switch_with(build)
+        await self.switch.wait_adopted(view.placement.version, self.cfg.release_timeout_s)
+        self._publish_metrics()
+        return view
+
+    def check_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> None:
+        """ValueError naming the field when these knob values are invalid for the model."""
+        RoutingKnobs().updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+
     def drain(self, server_id: str) -> tuple[str, bool]:
-        """Mark `server_id` draining and, when the others have room, switch in a placement without
-        it (its experts are dropped from it at release). Returns (state, moving)."""
+        """Mark `server_id` draining and, when other servers serve, switch in a placement without
+        it in the background (its experts are dropped from it at release). Returns (state, moving)."""
         state = self.registry.drain(server_id)
         placement = self.board.current.placement
         if server_id not in placement.servers():
             return state, False
-        others = [(s.server_id, s.slot_budget) for s in self.registry.serving()]
-        try:
-            new = evacuate(placement, server_id, others, version=placement.version + 1)
-        except ValueError as e:
-            log.warning("cannot move the experts of draining server %s: %s", server_id, e)
+        if not self._targets():
+            log.warning("draining server %s: no other serving server can take its experts", server_id)
             return state, False
         self.moving.add(server_id)
-        self._background(self.switch.switch(new), f"evacuating {server_id}", lambda: self.moving.discard(server_id))
+        self._background(self._evacuate(server_id), f"evacuating {server_id}", lambda: self.moving.discard(server_id))
         return state, True
+
+    def _targets(self) -> list[tuple[str, int]]:
+        return [(s.server_id, s.slot_budget) for s in self.registry.serving()]
+
+    async def _evacuate(self, server_id: str) -> None:
+        """Switch to a placement without `server_id`: its copies with replicas are dropped, sole
+        copies move (evacuate); when the others lack free slots for that, the solver re-places
+        everything within their budgets (ValueError when even that cannot hold every expert)."""
+
+        def build(view: PlacementView):
+            if server_id not in view.placement.servers():
+                return None
+            try:
+                return evacuate(view.placement, server_id, self._targets(), version=view.placement.version + 1), view.knobs
+            except ValueError as e:
+                log.info("moving the experts of %s needs a re-solve: %s", server_id, e)
+            budgets = self.budgets()
+            num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
+            plan = plan_rebalance(self.load() + 1, budgets, view.placement, self.moe_layers, self.policy, num_physical, force=True)
+            return None if plan.placement is None else (plan.placement, view.knobs)
+
+        await self.switch.switch_with(build)
+        self._publish_metrics()
+
+    # ---- failures ----------------------------------------------------------------------------
+    def declare_dead(self, server_id: str, why: str) -> bool:
+        """Mark `server_id` dead and move its experts away in the background; False if it already was."""
+        if not self.registry.mark_dead(server_id):
+            return False
+        self._fail_over(server_id, why)
+        return True
+
+    def _fail_over(self, server_id: str, why: str) -> None:
+        log.warning("expert server %s is dead (%s): moving its experts away", server_id, why)
+        self._background(self._evacuate(server_id), f"failover of {server_id}", lambda: None)
+
+    async def report_failure(self, server_id: str, detail: str) -> bool:
+        """An attention replica could not reach `server_id`. Probe it; when it does not answer
+        within `failure_probe_timeout_s` declare it dead. Returns whether it is dead now."""
+        rec = self.registry.experts.get(server_id)
+        if rec is None:
+            return False
+        if rec.info.state == "dead":
+            return True
+        try:
+            await asyncio.wait_for(self.ops.ping(rec.info, self.cfg.failure_probe_timeout_s), self.cfg.failure_probe_timeout_s)
+            log.info("expert server %s was reported unreachable (%s) but answers", server_id, detail)
+            return False
+        except Exception as e:  # noqa: BLE001 - any failure to answer is the evidence we probe for
+            self.declare_dead(server_id, f"reported unreachable ({detail}); probe failed: {type(e).__name__}")
+            return True
 
     def _background(self, coro, what: str, then: Callable[[], None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -105,11 +251,22 @@ class ControlPlane:
 
         task.add_done_callback(finished)
 
-    def heartbeat(self, id_: str, adopted_version: int | None, stats: Any) -> bool:
-        return self.registry.heartbeat(id_, adopted_version, stats)
-
+    # ---- loops -------------------------------------------------------------------------------
     async def reap_forever(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
             for server_id in self.registry.reap(self.dead_after_s):
-                log.warning("expert server %s missed its heartbeats: marked dead", server_id)
+                self._fail_over(server_id, f"no heartbeat for {self.dead_after_s}s")
+
+    async def rebalance_forever(self) -> None:
+        """Every `rebalance_interval_s`: refresh the balance metrics and rebalance when worth it."""
+        while True:
+            await asyncio.sleep(self.cfg.rebalance_interval_s)
+            if self.board.version == 0 or self.switch.running:
+                continue
+            try:
+                plan = await self.rebalance()
+                if plan.placement is None:
+                    log.debug("no rebalance: %s", plan.reason)
+            except Exception as e:  # noqa: BLE001 - the next period tries again
+                log.warning("periodic rebalance failed: %s", e)

@@ -84,6 +84,14 @@ class Registry:
             rec.info = dataclasses.replace(rec.info, state="draining")
         return rec.info.state
 
+    def mark_dead(self, id_: str) -> bool:
+        """Declare expert server `id_` dead now (e.g. it stopped answering); False when it already was."""
+        rec = self.expert(id_)
+        if rec.info.state == "dead":
+            return False
+        rec.info = dataclasses.replace(rec.info, state="dead")
+        return True
+
     def deregister(self, id_: str) -> None:
         if self.experts.pop(id_, None) is None and self.attention.pop(id_, None) is None:
             raise UnknownId(f"id {id_!r} is not registered")

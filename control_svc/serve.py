@@ -1,6 +1,7 @@
 """Running the control plane as a process: `python -m control_svc --model-dir DIR [...]`.
 
-Once serving it prints `moemesh control_svc: serving HOST:PORT` (flushed) on stdout; SIGTERM/SIGINT
+Once serving it prints `moemesh control_svc: serving HOST:PORT [metrics=HOST:PORT]` (flushed) on stdout;
+it reaps silent servers (failover) and, with `--rebalance-interval-s`, rebalances periodically. SIGTERM/SIGINT
 stop it (health NOT_SERVING, grace period).
 """
 from __future__ import annotations
@@ -20,12 +21,16 @@ READY = "moemesh control_svc: serving"
 async def run(cfg: ControlConfig, stop: asyncio.Event) -> None:
     parts = build_control_server(cfg)
     await parts.server.start()
-    reaper = asyncio.create_task(parts.plane.reap_forever())
+    loops = [asyncio.create_task(parts.plane.reap_forever())]
+    if cfg.rebalance_interval_s > 0:
+        loops.append(asyncio.create_task(parts.plane.rebalance_forever()))
     try:
-        print(f"{READY} {parts.address}", flush=True)
+        extra = f" metrics={cfg.host}:{parts.metrics_server.port}" if parts.metrics_server else ""
+        print(f"{READY} {parts.address}{extra}", flush=True)
         await stop.wait()
     finally:
-        reaper.cancel()
+        for task in loops:
+            task.cancel()
         await parts.server.shutdown()
         await parts.ops.close()
 

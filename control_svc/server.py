@@ -14,6 +14,7 @@ from control_svc.servicer import ControlServicer
 from control_svc.wire import control_grpc
 from moemesh.config import ModelConfig
 from moemesh.rpc.server import MeshServer, Service, build_server
+from moemesh.telemetry import MetricsServer, ServiceMetrics
 
 SERVICE_NAME = "moemesh.v1.ControlService"
 
@@ -25,6 +26,8 @@ class ControlServerParts:
     plane: ControlPlane
     ops: GrpcExpertOps
     cfg: ControlConfig
+    metrics: ServiceMetrics
+    metrics_server: MetricsServer | None = None  # /metrics when cfg.metrics_port is set
 
     @property
     def address(self) -> str:
@@ -36,19 +39,14 @@ def build_control_server(cfg: ControlConfig) -> ControlServerParts:
     if model.num_experts <= 0:
         raise ValueError(f"model_dir {cfg.model_dir!r} holds a dense model: no experts to place")
     ops = GrpcExpertOps(cfg.rpc, cfg.prepare_timeout_s)
-    plane = ControlPlane(
-        model.moe_layers,
-        model.num_experts,
-        cfg.expected_expert_servers,
-        ops,
-        cfg.heartbeat_interval_s,
-        cfg.dead_after_s,
-        cfg.prepare_timeout_s,
-        cfg.release_timeout_s,
-    )
+    metrics = ServiceMetrics("control")
+    plane = ControlPlane(model.moe_layers, model.num_experts, cfg, ops, metrics=metrics)
     server = build_server(cfg.rpc, Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(plane), SERVICE_NAME))
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
-    return ControlServerParts(server, port, plane, ops, cfg)
+    metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None
+    if metrics_server is not None:
+        server.add_cleanup(metrics_server.stop)
+    return ControlServerParts(server, port, plane, ops, cfg, metrics, metrics_server)
 
 
 def create_server(cfg: ControlConfig) -> tuple[MeshServer, int]:

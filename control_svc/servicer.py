@@ -6,11 +6,41 @@ import grpc
 from control_svc.board import PlacementView
 from control_svc.plane import ControlPlane
 from control_svc.registry import UnknownId
-from control_svc.wire import STATES, control_grpc, control_pb2, placement_to_proto, server_from_proto, server_to_proto
+from control_svc.status import ControlStatus, gather_status
+from control_svc.switch import SwitchError
+from control_svc.wire import (
+    STATES, control_grpc, control_pb2, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
+)
 
 
 def update_message(view: PlacementView):
-    return control_pb2.PlacementUpdate(placement=placement_to_proto(view.placement), servers=[server_to_proto(s) for s in view.servers])
+    return control_pb2.PlacementUpdate(
+        placement=placement_to_proto(view.placement), servers=[server_to_proto(s) for s in view.servers], knobs=knobs_to_proto(view.knobs)
+    )
+
+
+def status_message(st: ControlStatus):
+    servers = []
+    for s in st.servers:
+        msg = control_pb2.ExpertServerStatus(
+            server=server_to_proto(s.info), seconds_since_heartbeat=s.seconds_since_heartbeat,
+            experts_held=s.experts_held, window_tokens=s.window_tokens,
+        )
+        if s.stats is not None:
+            msg.queue_depth = s.stats.queue_depth
+            msg.busy_seconds = s.stats.busy_seconds
+            msg.gpu.CopyFrom(s.stats.gpu)
+        servers.append(msg)
+    return control_pb2.StatusResponse(
+        placement_version=st.placement.version, balancedness=st.balancedness, window_tokens=st.window_tokens,
+        servers=servers,
+        replicas=[
+            control_pb2.AttentionReplicaStatus(replica_id=r.replica_id, address=r.address, adopted_version=r.adopted_version,
+                                               alive=r.alive, seconds_since_heartbeat=r.seconds_since_heartbeat)
+            for r in st.replicas
+        ],
+        knobs=knobs_to_proto(st.knobs), switching=st.switching, placement=placement_to_proto(st.placement),
+    )
 
 
 class ControlServicer(control_grpc.ControlServiceServicer):
@@ -63,3 +93,40 @@ class ControlServicer(control_grpc.ControlServiceServicer):
     async def WatchPlacement(self, request, context):
         async for view in self.plane.board.watch(request.after_version):
             yield update_message(view)
+
+    async def GetStatus(self, request, context):
+        return status_message(gather_status(self.plane))
+
+    async def Rebalance(self, request, context):
+        try:
+            plan = await self.plane.rebalance(force=request.force)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except SwitchError as e:
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        return control_pb2.RebalanceResponse(
+            switched=plan.placement is not None, placement_version=self.plane.board.version,
+            balancedness_before=plan.before, balancedness_after=plan.after, moves=plan.moves, reason=plan.reason,
+        )
+
+    async def SetKnobs(self, request, context):
+        top_k = request.top_k if request.HasField("top_k") else None
+        cf = request.capacity_factor if request.HasField("capacity_factor") else None
+        layer = request.layer if request.HasField("layer") else None
+        try:
+            self.plane.check_knobs(top_k, cf, layer)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        try:
+            view = await self.plane.set_knobs(top_k, cf, layer)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except SwitchError as e:
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        return control_pb2.SetKnobsResponse(placement_version=view.placement.version, knobs=knobs_to_proto(view.knobs))
+
+    async def ReportFailure(self, request, context):
+        if not request.server_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "server_id is empty")
+        dead = await self.plane.report_failure(request.server_id, request.detail)
+        return control_pb2.ReportFailureResponse(declared_dead=dead, placement_version=self.plane.board.version)

@@ -1,7 +1,7 @@
-"""Incremental placement of one layer: keep the current copies, add the missing ones, then move
-copies off the busiest server one at a time while that lowers its load.
+"""Incremental placement of one layer: keep the current copies, add the missing ones, then change
+one thing at a time around the busiest server while that lowers its load.
 
-Shape letters: P copies (items) of the layer, E logical experts, S servers.
+Shape letters: P copies (items) of the layer, E logical experts, S servers, m copies on the busiest server.
 """
 from __future__ import annotations
 
@@ -9,82 +9,118 @@ import torch
 
 from control_svc.placement.pack import LayerPacker
 
+INF = float("inf")
 
-def _best_step(st: LayerPacker, groups: torch.Tensor, weights: torch.Tensor) -> list[tuple[int, int]] | None:
-    """The move (one copy) or swap (two copies) off the busiest server that leaves the larger of
-    the two servers' loads lowest; a move wins a tie. Returns [(item, destination), ...] or None
-    when nothing lowers the busiest server's load. Vectorised over items `[m]` on that server,
-    servers `[S]` and all items `[P]`."""
-    inf = torch.tensor(float("inf"), dtype=torch.float64)
-    s = int(torch.argmax(st.load))
-    peak = st.load[s]
-    mine = torch.nonzero(st.server == s).reshape(-1)
+
+def _state(expert_load: torch.Tensor, groups: torch.Tensor, assign: torch.Tensor, slots: torch.Tensor):
+    """count[E], weight[P] (expert load shared by its copies), load[S], free[S], on[E,S]."""
+    num_experts, num_servers = len(expert_load), len(slots)
+    count = torch.bincount(groups, minlength=num_experts)
+    weight = expert_load[groups] / count[groups]
+    load = torch.zeros(num_servers, dtype=torch.float64).index_add_(0, assign, weight)
+    free = slots - torch.bincount(assign, minlength=num_servers)
+    on = torch.zeros(num_experts, num_servers, dtype=torch.bool)
+    on[groups, assign] = True
+    return count, weight, load, free, on
+
+
+def _best_step(
+    expert_load: torch.Tensor, groups: torch.Tensor, assign: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The change around the busiest server s that leaves the servers it touches least loaded:
+
+    - move: a copy on s goes to a server with a free slot;
+    - swap: a copy on s trades places with a lighter copy elsewhere;
+    - re-replicate: a copy of expert B (B has >= 2 copies) on server t becomes a copy of an
+      expert A held by s; A's copies get lighter (s among them), B's heavier.
+
+    Every server a change touches must end below s's load now; ties prefer a move, then a
+    re-replication (one copy loaded each), then a swap (two). Returns the new (groups[P],
+    assignment[P]) or None when nothing helps. Vectorised over `[m,S]` and `[m,P,S]`.
+    """
+    count, w, load, free, on = _state(expert_load, groups, assign, slots)
+    s = int(torch.argmax(load))
+    peak = float(load[s])
+    mine = torch.nonzero(assign == s).reshape(-1)
     if len(mine) == 0:
         return None
-    wj, gj = weights[mine], groups[mine]
-    ok_move = ~st.on[gj] & (st.free > 0).unsqueeze(0)
-    ok_move[:, s] = False
-    move = torch.where(ok_move, torch.maximum(peak - wj[:, None], st.load[None, :] + wj[:, None]), inf)
-    tk = st.server
-    ok_swap = (
-        (tk != s)[None, :]
-        & (weights[None, :] < wj[:, None])
-        & ~st.on[groups, s][None, :]
-        & ~st.on[gj[:, None], tk[None, :]]
-    )
-    swap = torch.where(
-        ok_swap,
-        torch.maximum(peak - wj[:, None] + weights[None, :], st.load[tk][None, :] + wj[:, None] - weights[None, :]),
-        inf,
-    )
-    best_move, best_swap = move.min(), swap.min()
-    if min(float(best_move), float(best_swap)) >= float(peak) - 1e-12:
+    wj, gj = w[mine], groups[mine]
+
+    ok = ~on[gj] & (free > 0).unsqueeze(0)
+    ok[:, s] = False
+    move = torch.where(ok, torch.maximum(peak - wj[:, None], load[None, :] + wj[:, None]), INF)
+
+    ok = (assign != s)[None, :] & (w[None, :] < wj[:, None]) & ~on[groups, s][None, :] & ~on[gj[:, None], assign[None, :]]
+    swap = torch.where(ok, torch.maximum(peak - wj[:, None] + w[None, :], load[assign][None, :] + wj[:, None] - w[None, :]), INF)
+
+    la, ca = expert_load[gj], count[gj].double()  # [m]
+    lb, cb = expert_load[groups], count[groups].double()  # [P]
+    d_a = la / ca - la / (ca + 1)  # each copy of A gets this much lighter
+    d_b = torch.where(cb >= 2, lb / (cb - 1).clamp_min(1) - lb / cb, 0.0)  # each other copy of B this much heavier
+    new = (
+        load[None, None, :]
+        - d_a[:, None, None] * on[gj][:, None, :].double()
+        + d_b[None, :, None] * on[groups][None, :, :].double()
+    )  # [m,P,S]
+    t = assign  # server of copy k
+    at_t = torch.nn.functional.one_hot(t, len(slots)).bool()[None, :, :]  # [1,P,S]
+    new = torch.where(at_t, new - (lb / cb + d_b)[None, :, None] + (la / (ca + 1))[:, None, None], new)
+    touched = on[gj][:, None, :] | on[groups][None, :, :] | at_t
+    rerep_cost = torch.where(touched, new, -INF).amax(dim=2)  # [m,P]
+    ok = (cb >= 2)[None, :] & (gj[:, None] != groups[None, :]) & ~on[gj[:, None], t[None, :]]
+    rerep = torch.where(ok, rerep_cost, INF)
+
+    best = min(float(move.min()), float(rerep.min()), float(swap.min()))
+    if best >= peak - 1e-12 * max(1.0, peak):
         return None
-    if best_move <= best_swap:
-        j, t = divmod(int(torch.argmin(move)), move.shape[1])
-        return [(int(mine[j]), t)]
-    j, k = divmod(int(torch.argmin(swap)), swap.shape[1])
-    return [(int(mine[j]), int(tk[k])), (k, s)]
+    groups, assign = groups.clone(), assign.clone()
+    if float(move.min()) == best:
+        j, dst = divmod(int(torch.argmin(move)), move.shape[1])
+        assign[mine[j]] = dst
+    elif float(rerep.min()) == best:
+        j, k = divmod(int(torch.argmin(rerep)), rerep.shape[1])
+        groups[k] = gj[j]
+    else:
+        j, k = divmod(int(torch.argmin(swap)), swap.shape[1])
+        assign[mine[j]], assign[k] = assign[k].clone(), s
+    return groups, assign
 
 
 def incremental(
-    weights: torch.Tensor, groups: torch.Tensor, held: torch.Tensor, slots: torch.Tensor, max_steps: int
-) -> list[torch.Tensor]:
-    """Snapshots of one layer's assignment, from "current copies kept" to a local optimum.
+    expert_load: torch.Tensor, groups: torch.Tensor, held: torch.Tensor, slots: torch.Tensor, max_steps: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Snapshots of one layer's placement, from "current copies kept" to a local optimum.
 
-    weights `[P]`, groups `[P]` (logical expert of each copy), held `[E,S]` bool (servers holding a
-    copy now), slots `[S]`. Copies whose expert is still on a held server with room stay there;
-    the rest go heaviest first to the least-loaded server that can take them; then each step moves
-    (or swaps) copies off the busiest server while its load drops, at most `max_steps` steps.
-    Returns the assignment `[P]` (server index per copy) after the repair and after every step.
+    expert_load `[E]`, groups `[P]` (logical expert of each copy, from `replicate`), held `[E,S]`
+    bool (servers holding a copy now), slots `[S]`. Copies whose expert is still on a held server
+    with room stay there; the rest go heaviest first to the least-loaded server that can take
+    them; then up to `max_steps` steps of `_best_step` (which may also change how many copies an
+    expert has). Returns `(groups[P], assignment[P])` after the repair and after every step.
     """
-    weights = weights.to(torch.float64)
-    num_items = len(weights)
+    expert_load = expert_load.to(torch.float64)
+    count = torch.bincount(groups, minlength=len(expert_load))
+    weights = expert_load[groups] / count[groups]
     wl, gl = weights.tolist(), groups.tolist()
-    st = LayerPacker(slots, held.shape[0], num_items)
-    order = torch.sort(weights, descending=True, stable=True).indices.tolist()
+    st = LayerPacker(slots, held.shape[0], len(groups))
     rest = []
-    for i in order:
+    for i in torch.sort(weights, descending=True, stable=True).indices.tolist():
         keep = held[gl[i]] & (st.free > 0) & ~st.on[gl[i]]
         if keep.any():
             st.place(i, gl[i], wl[i], int(torch.nonzero(keep)[0]))
         else:
             rest.append(i)
-    inf = torch.tensor(float("inf"), dtype=torch.float64)
     for i in rest:
         cand = (st.free > 0) & ~st.on[gl[i]]
         if cand.any():
-            st.place(i, gl[i], wl[i], int(torch.argmin(torch.where(cand, st.load, inf))))
+            st.place(i, gl[i], wl[i], int(torch.argmin(torch.where(cand, st.load, INF))))
         else:
             st.augment(i, gl, wl)
-    snapshots = [st.server.clone()]
+    state = (groups.clone(), st.server.clone())
+    snapshots = [state]
     for _ in range(max_steps):
-        step = _best_step(st, groups, weights)
+        step = _best_step(expert_load, state[0], state[1], slots)
         if step is None:
             break
-        for j, _dst in step:
-            st.remove(j, gl[j], wl[j])
-        for j, dst in step:
-            st.place(j, gl[j], wl[j], dst)
-        snapshots.append(st.server.clone())
+        state = step
+        snapshots.append(state)
     return snapshots

@@ -11,7 +11,8 @@ For each layer the solver builds candidates:
    a copy goes to a server that already holds its expert when that server's load is at most
    `tolerance * mean server load` above the least-loaded one;
 2. the incremental path (`refine.incremental`): current copies kept, missing copies added, then
-   one move or swap at a time off the busiest server, every intermediate state a candidate;
+   one move, swap or re-replication at a time around the busiest server, every intermediate
+   state a candidate;
 3. the current layer itself, when still valid (every expert has a copy, only servers in
    `servers`, each within its slots, P copies, no two copies of an expert on a server).
 
@@ -20,6 +21,10 @@ With `num_physical` left to the solver, the candidates of both copy counts it tr
 The rule: among the candidates whose peak is within `(1 + tolerance)` of the best peak, take the
 one that moves fewest copies (then the lower peak). So a small load drift moves nothing, and a
 real skew moves only the copies needed to come within `tolerance` of the best balance found.
+The pass is then repeated from its own result (at most `POLISH_ROUNDS` more times, stopping when
+nothing changes): a new starting point often opens a better local optimum, and the result is then
+a fixed point, so solving again with the same load returns it unchanged and small drifts rarely
+unlock a gain worth moving for.
 The building blocks are exported here too: `replicate`, `pack`, `balancedness`, `server_loads`,
 `initial_placement`, `placement_diff`.
 """
@@ -44,6 +49,7 @@ __all__ = [
 ]
 
 Row = tuple[tuple[str, ...], ...]
+POLISH_ROUNDS = 2  # extra passes from the pass's own result, until it stops changing
 
 
 def _check_servers(servers: Sequence[ServerBudget]) -> None:
@@ -92,6 +98,45 @@ def _peak(load_row: torch.Tensor, row: Row, ids: list[str]) -> float:
     return float(server_loads(load_row, p, ids, [0]).max())
 
 
+def _solve_rows(
+    w: torch.Tensor, servers: Sequence[ServerBudget], totals: Sequence[int], old_rows: list[Row | None], tolerance: float
+) -> list[Row]:
+    """One pass of the rule in the module docstring over every layer: `w[L,E]`, `old_rows[L]`."""
+    num_layers, num_experts = w.shape
+    ids = [s.server_id for s in servers]
+    slots = [s.slots for s in servers]
+    budget = torch.as_tensor(slots, dtype=torch.int64)
+    held = torch.zeros(num_layers, num_experts, len(servers), dtype=torch.bool)
+    col = {s: i for i, s in enumerate(ids)}
+    for row_i, row in enumerate(old_rows):
+        if row is not None and len(row) == num_experts:
+            for e, copies in enumerate(row):
+                for s in copies:
+                    if s in col:
+                        held[row_i, e, col[s]] = True
+
+    # (peak server load, copies moved, row builder) per layer, over every copy count tried
+    options: list[list[tuple[float, int, Callable[[], Row]]]] = [[] for _ in range(num_layers)]
+    for p in totals:
+        phy2log, _, logcnt = replicate(w, p, slots)
+        weights = w.gather(1, phy2log) / logcnt.gather(1, phy2log)
+        fresh = pack(weights, len(servers), slots, groups=phy2log, held=held, tolerance=tolerance)
+        for row_i in range(num_layers):
+            hl = held[row_i]
+            for g, a in [(phy2log[row_i], fresh[row_i]), *incremental(w[row_i], phy2log[row_i], hl, budget, max_steps=p)]:
+                wt = w[row_i, g] / torch.bincount(g, minlength=num_experts)[g]
+                peak = float(torch.zeros(len(servers), dtype=torch.float64).index_add_(0, a, wt).max())
+                build = lambda g=g, a=a, old=old_rows[row_i]: _row(g, a, old, ids, num_experts)  # noqa: E731
+                options[row_i].append((peak, int((~hl[g, a]).sum()), build))
+    out: list[Row] = []
+    for row_i, old in enumerate(old_rows):
+        if old is not None and _row_valid(old, servers, num_experts, totals):
+            options[row_i].append((_peak(w[row_i], old, ids), 0, lambda old=old: old))
+        limit = (1 + tolerance) * min(o[0] for o in options[row_i])
+        out.append(min((o for o in options[row_i] if o[0] <= limit), key=lambda o: (o[1], o[0]))[2]())
+    return out
+
+
 def solve(
     load,
     servers: Sequence[ServerBudget],
@@ -107,7 +152,8 @@ def solve(
     copies per layer (E <= P). By default each layer gets whichever is better of one copy per
     expert (P = E) and every slot the servers have (up to one copy of an expert per server):
     with uneven budgets, filling every slot can force copies onto the big server that add to its
-    load, so the solver compares both (the current layer is kept if its copy count is either).  current: the placement in force (its copies are kept where the rules above allow).
+    load, so the solver compares both (the current layer is kept if its copy count is either).
+    current: the placement in force (its copies are kept where the rules above allow).
     layer_ids: the placement layer id of each row of `load` (default 0..L-1).
     tolerance: relative balance cost accepted to avoid a move (>= 0).
 
@@ -119,7 +165,6 @@ def solve(
     w = as_load(load)
     num_layers, num_experts = w.shape
     _check_servers(servers)
-    ids = [s.server_id for s in servers]
     slots = [s.slots for s in servers]
     capacity = int(slot_capacity(slots, num_experts)[-1])
     if capacity < num_experts:
@@ -135,39 +180,18 @@ def solve(
         raise ValueError(f"layer_ids must name {num_layers} distinct layers, got {layer_ids!r}")
     if not tolerance >= 0:
         raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
-    budget = torch.as_tensor(slots, dtype=torch.int64)
 
-    held = torch.zeros(num_layers, num_experts, len(servers), dtype=torch.bool)
-    col = {s: i for i, s in enumerate(ids)}
-    old_rows: list[Row | None] = []
-    for row_i, layer in enumerate(layers):
-        row = current.replicas.get(layer) if current is not None else None
-        old_rows.append(row)
-        if row is not None and len(row) == num_experts:
-            for e, copies in enumerate(row):
-                for s in copies:
-                    if s in col:
-                        held[row_i, e, col[s]] = True
-
-    # (peak server load, copies moved, row builder) per layer, over every copy count tried
-    options: list[list[tuple[float, int, Callable[[], Row]]]] = [[] for _ in layers]
-    for p in totals:
-        phy2log, _, logcnt = replicate(w, p, slots)
-        weights = w.gather(1, phy2log) / logcnt.gather(1, phy2log)
-        fresh = pack(weights, len(servers), slots, groups=phy2log, held=held, tolerance=tolerance)
-        for row_i in range(num_layers):
-            g, wt, hl = phy2log[row_i], weights[row_i], held[row_i]
-            for a in [fresh[row_i], *incremental(wt, g, hl, budget, max_steps=p)]:
-                peak = float(torch.zeros(len(servers), dtype=torch.float64).index_add_(0, a, wt).max())
-                build = lambda g=g, a=a, old=old_rows[row_i]: _row(g, a, old, ids, num_experts)  # noqa: E731
-                options[row_i].append((peak, int((~hl[g, a]).sum()), build))
-    new: dict[int, Row] = {}
-    for row_i, layer in enumerate(layers):
-        old = old_rows[row_i]
-        if old is not None and _row_valid(old, servers, num_experts, totals):
-            options[row_i].append((_peak(w[row_i], old, ids), 0, lambda old=old: old))
-        limit = (1 + tolerance) * min(o[0] for o in options[row_i])
-        new[layer] = min((o for o in options[row_i] if o[0] <= limit), key=lambda o: (o[1], o[0]))[2]()
+    rows = [current.replicas.get(layer) if current is not None else None for layer in layers]
+    todo = list(range(num_layers))
+    for _ in range(1 + POLISH_ROUNDS):  # re-solve the layers the last pass changed
+        solved = _solve_rows(w[todo], servers, totals, [rows[i] for i in todo], tolerance)
+        changed = [i for i, row in zip(todo, solved) if row != rows[i]]
+        for i, row in zip(todo, solved):
+            rows[i] = row
+        if not changed:
+            break
+        todo = changed
+    new = dict(zip(layers, rows))
     if current is not None:
         merged = dict(current.replicas)
         merged.update(new)

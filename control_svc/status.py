@@ -1,0 +1,55 @@
+"""`ControlStatus`: what `moemesh ctl status` shows, gathered from the plane (no gRPC here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from control_svc.knobs import RoutingKnobs
+from control_svc.placement.types import Placement
+from control_svc.wire import ServerInfo
+
+
+@dataclass(frozen=True)
+class ExpertServerStatus:
+    info: ServerInfo
+    seconds_since_heartbeat: float
+    experts_held: int  # (layer, expert) copies the committed placement gives it
+    window_tokens: int
+    stats: object  # the latest moemesh.v1.ExpertStats, or None before the first heartbeat
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    replica_id: str
+    address: str
+    adopted_version: int
+    alive: bool
+    seconds_since_heartbeat: float
+
+
+@dataclass(frozen=True)
+class ControlStatus:
+    placement: Placement
+    knobs: RoutingKnobs
+    balancedness: float
+    window_tokens: int
+    servers: tuple[ExpertServerStatus, ...]
+    replicas: tuple[ReplicaStatus, ...]
+    switching: bool
+
+
+def gather_status(plane) -> ControlStatus:
+    """plane: a `control_svc.plane.ControlPlane`."""
+    now = plane.registry.clock()
+    view = plane.board.current
+    servers = []
+    for rec in plane.registry.experts.values():
+        held = sum(len(es) for es in view.placement.experts_on(rec.info.server_id).values())
+        tokens = sum(l.tokens for l in rec.stats.loads) if rec.stats is not None else 0
+        servers.append(ExpertServerStatus(rec.info, now - rec.last_heartbeat, held, tokens, rec.stats))
+    replicas = tuple(
+        ReplicaStatus(r.replica_id, r.address, r.adopted_version or 0, r.alive, now - r.last_heartbeat)
+        for r in plane.registry.attention.values()
+    )
+    return ControlStatus(
+        view.placement, view.knobs, plane.balancedness(), int(plane.load().sum()), tuple(servers), replicas, bool(plane.switch.running)
+    )

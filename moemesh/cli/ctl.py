@@ -1,0 +1,120 @@
+"""`moemesh ctl --addr CONTROL COMMAND`: the control plane from the command line.
+
+CONTROL is the address `moemesh up` prints as `control=HOST:PORT`. Commands:
+
+    status                         servers, attention replicas, load and balance
+    placement                      which servers hold each (layer, expert)
+    rebalance [--force]            solve from the observed load; switch when worth it (or always)
+    set [--top-k K] [--capacity-factor C] [--layer L]
+                                   change routing knobs live (a new placement version carries them)
+    drain SERVER_ID                move a server's experts away so it can leave
+
+Each prints a table, or with `--json` the response as one JSON object (proto field names).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+TIMEOUT_S = 300.0  # a switch loads experts from the checkpoint: allow it time
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ctl", help="inspect and steer the control plane (status, placement, rebalance, set, drain)")
+    p.add_argument("--addr", required=True, metavar="HOST:PORT", help="the control plane (moemesh up prints control=HOST:PORT)")
+    p.add_argument("--json", action="store_true", help="print the response as JSON")
+    p.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S", help="give up on the call after S seconds")
+    sub = p.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the response as JSON")
+    sub.add_parser("status", parents=[json_flag], help="servers, attention replicas, load and balance")
+    sub.add_parser("placement", parents=[json_flag], help="which servers hold each (layer, expert)")
+    r = sub.add_parser("rebalance", parents=[json_flag], help="rebalance from the observed load")
+    r.add_argument("--force", action="store_true", help="switch whenever the solver changes the placement")
+    s = sub.add_parser("set", parents=[json_flag], help="change top-k and/or capacity factor live")
+    s.add_argument("--top-k", type=int, default=None, metavar="K")
+    s.add_argument("--capacity-factor", type=float, default=None, metavar="C", help=">0 capacity, 0 dropless, <0 dropless up to |C|")
+    s.add_argument("--layer", type=int, default=None, metavar="L", help="one MoE layer (default: all)")
+    d = sub.add_parser("drain", parents=[json_flag], help="move a server's experts away so it can leave")
+    d.add_argument("server_id", metavar="SERVER_ID", help="e.g. expert-1 (see status)")
+    p.set_defaults(func=run)
+
+
+def run(ns: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from control_svc.wire import control_grpc, control_pb2
+
+    if ns.ctl_command == "set" and ns.top_k is None and ns.capacity_factor is None:
+        print("moemesh ctl set: error: give --top-k and/or --capacity-factor", file=sys.stderr)
+        return 2
+    with grpc.insecure_channel(ns.addr) as channel:
+        stub = control_grpc.ControlServiceStub(channel)
+        try:
+            resp = call(stub, control_pb2, ns)
+        except grpc.RpcError as e:
+            print(f"moemesh ctl {ns.ctl_command}: error: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    if ns.json:
+        print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)))
+    else:
+        print(render(ns.ctl_command, resp))
+    return 0
+
+
+def call(stub, pb, ns: argparse.Namespace):
+    t = ns.timeout
+    if ns.ctl_command == "status":
+        return stub.GetStatus(pb.GetStatusRequest(), timeout=t)
+    if ns.ctl_command == "placement":
+        return stub.GetPlacement(pb.GetPlacementRequest(), timeout=t)
+    if ns.ctl_command == "rebalance":
+        return stub.Rebalance(pb.RebalanceRequest(force=ns.force), timeout=t)
+    if ns.ctl_command == "set":
+        req = pb.SetKnobsRequest(top_k=ns.top_k, capacity_factor=ns.capacity_factor, layer=ns.layer)
+        return stub.SetKnobs(req, timeout=t)
+    return stub.Drain(pb.DrainRequest(id=ns.server_id), timeout=t)
+
+
+def render(command: str, resp) -> str:
+    from control_svc.wire import STATE_NAMES, knobs_from_proto, placement_from_proto
+
+    if command == "status":
+        lines = [
+            f"placement v{resp.placement_version}  balancedness {resp.balancedness:.3f}  window tokens {resp.window_tokens}"
+            f"{'  (switching)' if resp.switching else ''}",
+            f"knobs: {knobs_from_proto(resp.knobs).describe()}",
+            "",
+            table(
+                ["SERVER", "ADDRESS", "STATE", "DEVICE", "EXPERTS", "TOKENS", "QUEUE", "BUSY_S", "GPU", "HEARTBEAT_S"],
+                [[s.server.server_id, s.server.address, STATE_NAMES.get(s.server.state, "?"), s.server.device, s.experts_held,
+                  s.window_tokens, s.queue_depth, f"{s.busy_seconds:.2f}",
+                  f"{s.gpu.utilization:.0%} {s.gpu.memory_used_bytes >> 20}MiB {s.gpu.power_watts:.0f}W" if s.gpu.available else "none",
+                  f"{s.seconds_since_heartbeat:.1f}"] for s in resp.servers],
+            ),
+            "",
+            table(
+                ["REPLICA", "ADDRESS", "ADOPTED", "ALIVE", "HEARTBEAT_S"],
+                [[r.replica_id, r.address, f"v{r.adopted_version}", "yes" if r.alive else "no", f"{r.seconds_since_heartbeat:.1f}"]
+                 for r in resp.replicas],
+            ),
+        ]
+        return "\n".join(lines)
+    if command == "placement":
+        p = placement_from_proto(resp.placement)
+        rows = [[layer, e, ",".join(copies)] for layer in p.layers for e, copies in enumerate(p.replicas[layer])]
+        return f"placement v{p.version}  knobs: {knobs_from_proto(resp.knobs).describe()}\n" + table(["LAYER", "EXPERT", "SERVERS"], rows)
+    if command == "rebalance":
+        head = f"switched to placement v{resp.placement_version}" if resp.switched else f"kept placement v{resp.placement_version}: {resp.reason}"
+        return f"{head}\nbalancedness {resp.balancedness_before:.3f} -> {resp.balancedness_after:.3f}, {resp.moves} expert copies moved"
+    if command == "set":
+        return f"placement v{resp.placement_version} carries knobs: {knobs_from_proto(resp.knobs).describe()}"
+    return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'moving away' if resp.moving else 'not moved (none held, or no room elsewhere)'}"
+
+
+def table(header: list[str], rows: list[list[object]]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
