@@ -11,6 +11,7 @@ SUBCOMMANDS = [
     "moemesh.cli.run",
     "moemesh.cli.demo_model",
     "moemesh.cli.serve", "moemesh.cli.up", "moemesh.cli.generate", "moemesh.cli.demo", "moemesh.cli.bench",
+    "moemesh.cli.ctl",
 ]
 
 
