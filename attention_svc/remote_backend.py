@@ -1,8 +1,11 @@
 """`RemoteBackend`: experts on the mesh's expert servers, following the control plane.
 
     open:  register this replica's address later; watch placements; wait for the first one (v >= 1)
-    run:   every new placement is staged on `RemoteExperts` and adopted at the next step boundary;
-           heartbeats report the adopted version so the control plane can release old copies
+    run:   every new placement is staged on `RemoteExperts` and adopted at the next step boundary,
+           together with the routing knobs (top-k, capacity) its version carries, applied to the
+           engine for all MoE layers at once (`apply_knobs`); heartbeats report the adopted version
+           so the control plane can release old copies; a layer whose expert server died is
+           reported to the control plane and retried on the placement without it (`FailoverExperts`)
     close: stop watching, close the transports
 """
 from __future__ import annotations
@@ -12,14 +15,17 @@ import contextlib
 import functools
 import logging
 from concurrent.futures import Future
+from typing import Callable
 
 import grpc
 import torch
 
 from attention_svc.config import AttentionConfig
 from attention_svc.experts import ExpertBackend
+from attention_svc.failover_experts import FailoverExperts
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.wire import control_grpc, control_pb2, placement_from_proto, server_from_proto
+from control_svc.knobs import RoutingKnobs
+from control_svc.wire import control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
 from moemesh.rpc.loop_thread import LoopThread
 from moemesh.rpc.server import make_channel
 from moemesh.transport.dist_transport import open_transport
@@ -67,16 +73,32 @@ def decode_update(msg):
     return placement_from_proto(msg.placement), {s.server_id: server_from_proto(s) for s in msg.servers}
 
 
+def engine_knob_setter(engine) -> Callable[[RoutingKnobs], None]:
+    """apply(knobs): every MoE layer of `engine` set to its effective top-k and capacity factor."""
+    cfg = engine.model_config
+
+    def apply(knobs: RoutingKnobs) -> None:
+        for layer in cfg.moe_layers:
+            top_k, cf = knobs.effective(layer, cfg.top_k)
+            engine.set_moe_knobs(top_k=top_k, capacity_factor=cf, layer=layer)
+
+    return apply
+
+
 class RemoteBackend(ExpertBackend):
     def __init__(self, cfg: AttentionConfig) -> None:
         self.cfg = cfg
         self.channel = make_channel(cfg.control, cfg.rpc)
         self.stub = control_grpc.ControlServiceStub(self.channel)
         self.io = LoopThread("attention-experts")
-        self.compute: RemoteExperts | None = None
+        self.compute: FailoverExperts | None = None
         self.replica_id = ""
         self.on_placement = lambda: None  # set by the server: wakes the step loop to adopt it
+        self.apply_knobs: Callable[[RoutingKnobs], None] | None = None  # set by the server (engine_knob_setter)
+        self._knobs: dict[int, RoutingKnobs] = {}  # placement version -> knobs it carries
+        self._applied_knobs = RoutingKnobs()  # what the engine runs with (its own defaults)
         self._tasks: list[asyncio.Task] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self) -> None:
         """Waits for the control plane's first placement and builds `RemoteExperts` on it."""
@@ -87,13 +109,15 @@ class RemoteBackend(ExpertBackend):
             updates.cancel()
             raise RuntimeError(f"control: no expert placement from {self.cfg.control} within {FIRST_PLACEMENT_TIMEOUT_S:.0f}s")
         transport_for = functools.partial(open_inference_transport, mode=self.cfg.transport, rpc=self.cfg.rpc, loop=self.io)
-        self.compute = RemoteExperts(*first, transport_for=transport_for)
+        self._loop = asyncio.get_running_loop()
+        self.compute = FailoverExperts(RemoteExperts(*first, transport_for=transport_for), self._report_failure, self.cfg.failover_timeout_s)
         self._tasks.append(asyncio.create_task(self._follow(updates)))
 
     async def _first_placement(self, updates):
         async for msg in updates:
             placement, servers = decode_update(msg)
             if placement.version >= 1:
+                self._knobs[placement.version] = knobs_from_proto(msg.knobs)
                 return placement, servers
         raise RuntimeError(f"control: {self.cfg.control} closed the placement stream before placing any expert")
 
@@ -101,6 +125,7 @@ class RemoteBackend(ExpertBackend):
         try:
             async for msg in updates:
                 placement, servers = decode_update(msg)
+                self._knobs[placement.version] = knobs_from_proto(msg.knobs)
                 self.compute.set_placement(placement, servers)
                 self.on_placement()
         except grpc.aio.AioRpcError as e:
@@ -111,8 +136,23 @@ class RemoteBackend(ExpertBackend):
         return self.compute.placement.version if self.compute else 0
 
     def begin_step(self) -> None:
-        if self.compute is not None:
-            self.compute.begin_step()
+        """Between engine steps: adopt a staged placement and the knobs its version carries."""
+        if self.compute is None:
+            return
+        version = self.compute.begin_step()
+        knobs = self._knobs.get(version)
+        for old in [v for v in self._knobs if v < version]:
+            del self._knobs[old]
+        if knobs is not None and knobs != self._applied_knobs and self.apply_knobs is not None:
+            self.apply_knobs(knobs)
+            self._applied_knobs = knobs
+            log.info("placement v%d: MoE knobs %s", version, knobs.describe())
+
+    def _report_failure(self, server_id: str, detail: str) -> None:
+        """From a failover thread: ReportFailure on the control plane (waits at most a few seconds)."""
+        req = control_pb2.ReportFailureRequest(reporter_id=self.replica_id, server_id=server_id, detail=detail[:500])
+        fut = asyncio.run_coroutine_threadsafe(self.stub.ReportFailure(req, timeout=5), self._loop)
+        fut.result(6)
 
     async def register(self, address: str) -> None:
         resp = await self.stub.RegisterAttentionReplica(control_pb2.RegisterAttentionReplicaRequest(address=address), timeout=30)
