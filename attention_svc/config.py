@@ -24,6 +24,8 @@ class AttentionConfig:
     max_model_len: int = field(default=0, metadata={"help": "context length (0 = the model's)"})
     micro_batches: int = field(default=2, metadata={"help": "1, or 2 to overlap attention with the experts (ping-pong)"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = torch's default)"})
+    failover_timeout_s: float = field(default=30.0, metadata={"help": "a MoE layer whose expert server died waits this long for a placement without it, then its requests fail UNAVAILABLE"})
+    metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port (step time, batch size); unset = none, 0 = any free port"})
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
     def __post_init__(self) -> None:
@@ -31,6 +33,10 @@ class AttentionConfig:
             raise ValueError("model_dir is required (--model-dir DIR)")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in [0, 65535] (or unset), got {self.metrics_port}")
+        if self.failover_timeout_s <= 0:
+            raise ValueError(f"failover_timeout_s must be > 0, got {self.failover_timeout_s}")
         if self.max_model_len < 0 or self.num_threads < 0:
             raise ValueError("max_model_len and num_threads must be >= 0")
 
