@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -20,9 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class StepLoop:
-    def __init__(self, engine, between_steps=lambda: None) -> None:
+    def __init__(self, engine, between_steps=lambda: None, on_step=None) -> None:
         self.engine = engine
         self.between_steps = between_steps  # e.g. adopt a staged expert placement
+        self.on_step = on_step  # on_step(seconds, sequences) after each step (e.g. ServiceMetrics.observe_step)
         self._adds: list[tuple[str, list[int], SamplingParams]] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
@@ -71,7 +73,10 @@ class StepLoop:
                 await self._wake.wait()
                 continue
             try:
+                started = time.perf_counter()
                 outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                if self.on_step is not None:
+                    self.on_step(time.perf_counter() - started, len(outputs))
             except Exception as exc:  # e.g. an expert server went away mid-step
                 log.exception("engine step failed")
                 self._fail_all(exc)
