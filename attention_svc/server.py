@@ -10,6 +10,7 @@ from attention_svc.replica import AttentionReplica
 from attention_svc.servicer import SERVICE_NAME, AttentionServicer, pb_grpc
 from attention_svc.step_loop import StepLoop
 from moemesh.rpc.server import MeshServer, Service, build_server, run_service
+from moemesh.telemetry import MetricsServer, ServiceMetrics
 
 
 class AttentionServer:
@@ -19,6 +20,7 @@ class AttentionServer:
         self.mesh = mesh
         self.replica = replica
         self.experts = experts
+        self.metrics_server: MetricsServer | None = None  # /metrics when cfg.metrics_port is set
         self._loop_task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -35,6 +37,8 @@ class AttentionServer:
                 await self._loop_task
         self.replica.loop.close()
         await self.experts.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
 
 
 async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
@@ -42,13 +46,21 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
 
     experts = await open_experts(cfg)
     engine = await asyncio.to_thread(LLMEngine, cfg.engine_config(), experts.compute)
-    loop = StepLoop(engine, between_steps=experts.begin_step)
+    metrics = ServiceMetrics("attention")
+    loop = StepLoop(engine, between_steps=experts.begin_step, on_step=metrics.observe_step)
     experts.on_placement = loop.wake
+    if experts.compute is not None:  # routing knobs arrive with placement versions
+        from attention_svc.remote_backend import engine_knob_setter
+
+        experts.apply_knobs = engine_knob_setter(engine)
     replica = AttentionReplica(engine, loop, experts.placement_version)
     mesh = build_server(cfg.rpc, Service(pb_grpc.add_AttentionServicer_to_server, AttentionServicer(replica), SERVICE_NAME))
     port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
     await experts.register(f"{cfg.host}:{port}")
-    return AttentionServer(mesh, replica, experts), port
+    server = AttentionServer(mesh, replica, experts)
+    if cfg.metrics_port is not None:
+        server.metrics_server = metrics.serve(cfg.metrics_port, cfg.host)
+    return server, port
 
 
 async def run(cfg, stop: asyncio.Event) -> None:
@@ -56,7 +68,8 @@ async def run(cfg, stop: asyncio.Event) -> None:
     server, port = await create_server(cfg)
     await server.start()
     try:
-        print(f"moemesh attention_svc: serving {cfg.host}:{port}", flush=True)
+        extra = f" metrics={cfg.host}:{server.metrics_server.port}" if server.metrics_server else ""
+        print(f"moemesh attention_svc: serving {cfg.host}:{port}{extra}", flush=True)
         await stop.wait()
     finally:
         await server.shutdown()
