@@ -1,0 +1,153 @@
+"""A live mesh for the switching tests: real processes on loopback (control, expert servers,
+attention, router), steered through `moemesh ctl`, with a bounded streaming workload."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from moemesh.launcher.child import Child, stop_all
+from router_svc.client import build_request
+from tests.e2e.helpers import gen_grpc, start_service
+
+
+def ctl(control: str, *args: str) -> dict:
+    """`moemesh ctl --addr CONTROL --json ARGS` in this process; returns its JSON object."""
+    from moemesh.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["ctl", "--addr", control, "--json", "--timeout", "120", *args])
+    assert rc == 0, out.getvalue()
+    return json.loads(out.getvalue())
+
+
+class LiveMesh:
+    def __init__(self, model_dir: Path, log_dir: Path, control_flags: dict, expert_flags: dict | None = None,
+                 attention_flags: dict | None = None) -> None:
+        self.model_dir = str(model_dir)
+        self.log_dir = log_dir
+        self.expert_flags = dict(expert_flags or {})
+        self.children: dict[str, Child] = {}
+        self.control = self._start("control", "control", {"model_dir": self.model_dir, **control_flags})
+        self.experts: dict[str, str] = {}
+        for _ in range(int(control_flags.get("expected_expert_servers", 1))):
+            self.add_expert()
+        self.attention = self._start("attention", "attention", {
+            "model_dir": self.model_dir, "control": self.control, "transport": "grpc", "num_threads": 1, **(attention_flags or {})})
+        self.router = self._start("router", "router", {"model_dir": self.model_dir, "attention": self.attention})
+
+    def _start(self, name: str, service: str, flags: dict) -> str:
+        child, address = start_service(service, self.log_dir, name=name, **flags)
+        self.children[name] = child
+        return address
+
+    def add_expert(self) -> str:
+        """Starts one more expert server registered with the control plane; returns its child name."""
+        name = f"expert-proc-{len(self.experts)}"
+        self.experts[name] = self._start(name, "expert", {
+            "model_dir": self.model_dir, "control_addr": self.control, "transport": "grpc", **self.expert_flags})
+        return name
+
+    def server_id(self, name: str) -> str:
+        """The control plane's id of the expert server child `name` (matched by address)."""
+        for s in ctl(self.control, "status")["servers"]:
+            if s["server"]["address"] == self.experts[name]:
+                return s["server"]["server_id"]
+        raise KeyError(f"{name} ({self.experts[name]}) is not registered")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL an expert server child."""
+        os.kill(self.children[name].proc.pid, signal.SIGKILL)
+        self.children[name].proc.wait(10)
+
+    def status(self) -> dict:
+        return ctl(self.control, "status")
+
+    def wait_for(self, predicate, timeout_s: float, what: str) -> dict:
+        """Polls `status` until predicate(status) holds; returns it (AssertionError after timeout_s)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.status()
+            if predicate(st):
+                return st
+            assert time.monotonic() < deadline, f"{what} within {timeout_s}s; last status: {st}"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        stop_all(list(reversed(list(self.children.values()))), 5)
+
+
+def placement_servers(st: dict) -> set[str]:
+    return {s for layer in st["placement"].get("layers", []) for e in layer["experts"] for s in e["server_ids"]}
+
+
+@dataclass
+class Workload:
+    """Greedy streams of `prompts` through the router, `concurrency` at a time, until stopped or
+    `max_requests` were sent; records each request's tokens or error."""
+
+    router: str
+    prompts: list[list[int]]
+    max_new_tokens: int = 8
+    concurrency: int = 4
+    max_requests: int = 400
+    timeout_s: float = 120.0
+    results: list[tuple[int, list[int]]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sent: int = 0
+
+    def start(self) -> "Workload":
+        for _ in range(self.concurrency):
+            t = threading.Thread(target=self._worker, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def _next(self) -> int | None:
+        with self._lock:
+            if self._stop.is_set() or self._sent >= self.max_requests:
+                return None
+            self._sent += 1
+            return self._sent - 1
+
+    def _worker(self) -> None:
+        with grpc.insecure_channel(self.router) as ch:
+            stub = gen_grpc.GenerationStub(ch)
+            while (n := self._next()) is not None:
+                i = n % len(self.prompts)
+                req = build_request(prompt_token_ids=self.prompts[i], max_new_tokens=self.max_new_tokens, temperature=0.0,
+                                    prompt_logprobs=False)
+                try:
+                    tokens = [t for r in stub.Generate(req, timeout=self.timeout_s) for t in r.token_ids]
+                    with self._lock:
+                        self.results.append((i, tokens))
+                except grpc.RpcError as e:
+                    with self._lock:
+                        self.errors.append(f"{e.code().name}: {e.details()}")
+
+    def completed(self) -> int:
+        with self._lock:
+            return len(self.results) + len(self.errors)
+
+    def wait_completed(self, n: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.completed() < n:
+            assert time.monotonic() < deadline, f"only {self.completed()} of {n} requests completed within {timeout_s}s"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(self.timeout_s + 10)
