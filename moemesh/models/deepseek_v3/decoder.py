@@ -7,7 +7,7 @@ Shape legend: T tokens, H hidden, V vocab, R logits rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Generator, Sequence
 
 import torch
@@ -37,8 +37,9 @@ class Layer:
 
 
 def tensors_of(obj: Any) -> list[Tensor]:
-    """Every tensor field of a weights dataclass (for byte counts)."""
-    return [t for t in vars(obj).values() if isinstance(t, Tensor)]
+    """The tensors a weights dataclass was built from (init fields; derived copies excluded), for byte counts."""
+    values = (getattr(obj, f.name) for f in fields(obj) if f.init)
+    return [t for t in values if isinstance(t, Tensor)]
 
 
 class GroupedGateDecoderLM:
@@ -83,7 +84,7 @@ class GroupedGateDecoderLM:
             tensors += [lyr.input_norm, lyr.post_norm, *tensors_of(lyr.attn)]
             mlp = lyr.mlp
             if isinstance(mlp, GroupedMoE):
-                tensors += [mlp.router] + (tensors_of(mlp.shared) if mlp.shared else [])
+                tensors += tensors_of(mlp) + (tensors_of(mlp.shared) if mlp.shared else [])
             else:
                 tensors += tensors_of(mlp)
         return sum(t.numel() * t.element_size() for t in tensors)

@@ -70,16 +70,24 @@ def load_grouped_moe(
     )
 
 
+def groups_for(top_k: int, num_experts: int, gate: GroupedGateConfig) -> int:
+    """Groups kept per token: the model's topk_group, widened only when a top-k knob asks for more
+    experts than those groups hold (so a runtime top-k change never fails a step)."""
+    per_group = num_experts // gate.n_group
+    return min(gate.n_group, max(gate.topk_group, -(-top_k // per_group)))
+
+
 def moe_block(
     h: Tensor, layer: int, moe: GroupedMoE, cfg: ModelConfig, gate: GroupedGateConfig, knobs: LayerKnobs, experts: ExpertCompute
 ) -> Generator[None, None, Tensor]:
     """h [T, H] (post-attention-normed) -> [T, H]. Yields once, while the routed experts compute."""
+    top_k = knobs.top_k or cfg.top_k
     logits = h.float() @ moe.router.t()  # [T, E]
     routing = grouped_topk(
         logits,
-        knobs.top_k or cfg.top_k,
+        top_k,
         gate.n_group,
-        gate.topk_group,
+        groups_for(top_k, cfg.num_experts, gate),
         moe.correction_bias,
         cfg.norm_topk_prob,
         gate.routed_scaling_factor,
