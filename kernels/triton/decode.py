@@ -45,34 +45,53 @@ def e8m0_to_f32(s):
 
 
 @triton.jit
-def load_weight_tile(
-    FMT: tl.constexpr, w_ptr, s_ptr, s2_ptr, e, offs_n, offs_k, n_lim, k_lim,
-    sw_e, sw_n, sw_k, ss_e, ss_r, ss_c, s2_e, seg_rows, per_seg, QBN, QBK,
-):
-    """Dequantized float32 weight tile [BN, BK] of expert e (rows offs_n, columns offs_k; zero outside).
-
-    dense  w [E, N, K]
-    fp8    w [E, N, K] e4m3 bytes; s [E, NB, KB] f32, row block (n // seg_rows) * per_seg + (n % seg_rows) // QBN
-    mxfp4  w [E, N, K/2] bytes (low nibble first); s [E, N, K/QBK] e8m0 bytes
-    nvfp4  w [E, N, K/2] bytes; s [E, N, K/QBK] e4m3 bytes; s2 [E, S] f32 per row segment
-    """
-    mask = (offs_n[:, None] < n_lim) & (offs_k[None, :] < k_lim)
-    e = e.to(tl.int64)
-    if FMT == 0:
-        ptrs = w_ptr + e * sw_e + offs_n[:, None] * sw_n + offs_k[None, :] * sw_k
-        w = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    elif FMT == 1:
-        b = tl.load(w_ptr + e * sw_e + offs_n[:, None] * sw_n + offs_k[None, :] * sw_k, mask=mask, other=0)
-        rows = (offs_n // seg_rows) * per_seg + (offs_n % seg_rows) // QBN
-        sc = tl.load(s_ptr + e * ss_e + rows[:, None] * ss_r + (offs_k // QBK)[None, :] * ss_c, mask=mask, other=0.0)
-        w = e4m3_to_f32(b) * sc
+def block_scales(row_ptrs, row_ok, k0, k_lim, ss_c, BK: tl.constexpr, QB: tl.constexpr):
+    """Scales of the K tile [k0, k0+BK) for rows `row_ptrs` [BN] (pointers to each row's scales, QB
+    columns per scale; rows where row_ok is False read 0). QB >= BK (QB % BK == 0): one scale per row,
+    [BN, 1]; QB < BK (BK % QB == 0): [BN, BK] (each of the BK/QB scales repeated QB times)."""
+    if QB >= BK:
+        out = tl.load(row_ptrs + (k0 // QB) * ss_c, mask=row_ok, other=0)[:, None]
     else:
-        byte = tl.load(w_ptr + e * sw_e + offs_n[:, None] * sw_n + (offs_k // 2)[None, :] * sw_k, mask=mask, other=0)
-        code = (byte.to(tl.int32) >> ((offs_k & 1) * 4)[None, :]) & 15
-        sb = tl.load(s_ptr + e * ss_e + offs_n[:, None] * ss_r + (offs_k // QBK)[None, :] * ss_c, mask=mask, other=0)
-        if FMT == 2:
-            w = e2m1_to_f32(code) * e8m0_to_f32(sb)
+        j = k0 // QB + tl.arange(0, BK // QB)  # [BK/QB] scale columns
+        s = tl.load(row_ptrs[:, None] + j[None, :] * ss_c, mask=row_ok[:, None] & (j * QB < k_lim)[None, :], other=0)
+        out = tl.reshape(tl.broadcast_to(s[:, :, None], (s.shape[0], BK // QB, QB)), (s.shape[0], BK))
+    return out
+
+
+@triton.jit
+def load_weight_tile(
+    FMT: tl.constexpr, w_e, s_e, s2_e, offs_n, k0, n_lim, k_lim,
+    sw_n, sw_k, ss_r, ss_c, seg_rows, per_seg, QBN,
+    BK: tl.constexpr, QBK: tl.constexpr,
+):
+    """Dequantized float32 weight tile [BN, BK] (rows offs_n, columns k0..k0+BK; zero outside) of one
+    expert, whose stored tensors start at w_e, s_e, s2_e (offsets within an expert fit in int32).
+
+    dense  w [N, K]
+    fp8    w [N, K] e4m3 bytes; s [NB, KB] f32, row block (n // seg_rows) * per_seg + (n % seg_rows) // QBN,
+           QBK columns per scale
+    mxfp4  w [N, K/2] bytes (low nibble first); s [N, K/QBK] e8m0 bytes (QBK = 32)
+    nvfp4  w [N, K/2] bytes; s [N, K/QBK] e4m3 bytes (QBK = 16); s2 [S] f32 per row segment
+    """
+    row_ok = offs_n < n_lim
+    if FMT == 0 or FMT == 1:
+        offs_k = k0 + tl.arange(0, BK)
+        mask = row_ok[:, None] & (offs_k[None, :] < k_lim)
+        raw = tl.load(w_e + offs_n[:, None] * sw_n + offs_k[None, :] * sw_k, mask=mask, other=0)
+        if FMT == 0:
+            w = raw.to(tl.float32)
         else:
-            s2 = tl.load(s2_ptr + e * s2_e + offs_n // seg_rows, mask=offs_n < n_lim, other=0.0)
-            w = e2m1_to_f32(code) * (e4m3_to_f32(sb) * s2[:, None])
+            rows = (offs_n // seg_rows) * per_seg + (offs_n % seg_rows) // QBN  # [BN] scale rows
+            w = e4m3_to_f32(raw) * block_scales(s_e + rows * ss_r, row_ok, k0, k_lim, ss_c, BK, QBK)
+    else:
+        offs_b = k0 // 2 + tl.arange(0, BK // 2)  # [BK/2] bytes, two elements each
+        mask = row_ok[:, None] & (offs_b[None, :] * 2 < k_lim)
+        byte = tl.load(w_e + offs_n[:, None] * sw_n + offs_b[None, :] * sw_k, mask=mask, other=0).to(tl.int32)
+        vals = tl.reshape(tl.join(e2m1_to_f32(byte & 15), e2m1_to_f32(byte >> 4)), (offs_n.shape[0], BK))
+        sb = block_scales(s_e + offs_n * ss_r, row_ok, k0, k_lim, ss_c, BK, QBK)
+        if FMT == 2:
+            w = vals * e8m0_to_f32(sb)
+        else:
+            s2 = tl.load(s2_e + offs_n // seg_rows, mask=row_ok, other=0.0)
+            w = vals * (e4m3_to_f32(sb) * s2[:, None])
     return w

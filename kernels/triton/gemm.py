@@ -23,10 +23,12 @@ ACT_SWIGLU_OAI = 1
 @triton.jit
 def _activation(g, u, ACT: tl.constexpr):
     if ACT == 0:
-        return g / (1.0 + tl.exp(-g)) * u
-    g = tl.minimum(g, 7.0)
-    u = tl.minimum(tl.maximum(u, -7.0), 7.0)
-    return (u + 1.0) * g / (1.0 + tl.exp(-1.702 * g))
+        out = g / (1.0 + tl.exp(-g)) * u
+    else:
+        gc = tl.minimum(g, 7.0)
+        uc = tl.minimum(tl.maximum(u, -7.0), 7.0)
+        out = (uc + 1.0) * gc / (1.0 + tl.exp(-1.702 * gc))
+    return out
 
 
 @triton.jit
@@ -42,8 +44,10 @@ def round_to_bf16(x):
 def _dot(xt, w, BF16: tl.constexpr, NATIVE_BF16_DOT: tl.constexpr):
     """xt [BM, BK] float32, w [BN, BK] float32 (both bfloat16 values when BF16) -> [BM, BN] float32."""
     if BF16 and NATIVE_BF16_DOT:
-        return tl.dot(xt.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
-    return tl.dot(xt, tl.trans(w), input_precision="ieee")
+        out = tl.dot(xt.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+    else:
+        out = tl.dot(xt, tl.trans(w), input_precision="ieee")
+    return out
 
 
 @triton.jit
@@ -51,41 +55,42 @@ def grouped_gemm_kernel(
     x_ptr, out_ptr, tile_expert_ptr, tile_start_ptr, tile_end_ptr,
     w_ptr, s_ptr, s2_ptr, b_ptr,
     K, N_OUT,
-    sw_e, sw_n, sw_k, ss_e, ss_r, ss_c, s2_e, sb_e, seg_rows, per_seg, QBN, QBK,
-    FMT: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    sw_e, sw_n, sw_k, ss_e, ss_r, ss_c, s2_e, sb_e, seg_rows, per_seg, QBN,
+    QBK: tl.constexpr, FMT: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BF16: tl.constexpr, NATIVE_BF16_DOT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    e = tl.load(tile_expert_ptr + tile)
+    e = tl.load(tile_expert_ptr + tile).to(tl.int64)
     r0 = tl.load(tile_start_ptr + tile)
     r1 = tl.load(tile_end_ptr + tile)
     offs_m = r0 + tl.arange(0, BM)  # [BM] rows of x
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] output columns
     row_ok = offs_m < r1
     n_rows = N_OUT * 2 if GATED else N_OUT  # weight rows held for this projection
+    w_e, s_e, s2_e_ptr = w_ptr + e * sw_e, s_ptr + e * ss_e, s2_ptr + e * s2_e  # this expert's tensors
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K  # [BM, 1]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         offs_k = k0 + tl.arange(0, BK)
-        xt = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :], mask=row_ok[:, None] & (offs_k[None, :] < K), other=0.0)
-        xt = xt.to(tl.float32)
-        wg = load_weight_tile(FMT, w_ptr, s_ptr, s2_ptr, e, offs_n, offs_k, N_OUT, K,
-                              sw_e, sw_n, sw_k, ss_e, ss_r, ss_c, s2_e, seg_rows, per_seg, QBN, QBK)
+        xt = tl.load(x_rows + offs_k[None, :], mask=row_ok[:, None] & (offs_k[None, :] < K), other=0.0).to(tl.float32)
+        wg = load_weight_tile(FMT, w_e, s_e, s2_e_ptr, offs_n, k0, N_OUT, K,
+                              sw_n, sw_k, ss_r, ss_c, seg_rows, per_seg, QBN, BK, QBK)
         if BF16:
             wg = round_to_bf16(wg)
         acc += _dot(xt, wg, BF16, NATIVE_BF16_DOT)
         if GATED:
-            wu = load_weight_tile(FMT, w_ptr, s_ptr, s2_ptr, e, offs_n + N_OUT, offs_k, n_rows, K,
-                                  sw_e, sw_n, sw_k, ss_e, ss_r, ss_c, s2_e, seg_rows, per_seg, QBN, QBK)
+            wu = load_weight_tile(FMT, w_e, s_e, s2_e_ptr, offs_n + N_OUT, k0, n_rows, K,
+                                  sw_n, sw_k, ss_r, ss_c, seg_rows, per_seg, QBN, BK, QBK)
             if BF16:
                 wu = round_to_bf16(wu)
             acc_u += _dot(xt, wu, BF16, NATIVE_BF16_DOT)
     col_ok = offs_n < N_OUT
     if HAS_BIAS:
-        acc += tl.load(b_ptr + e.to(tl.int64) * sb_e + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(b_ptr + e * sb_e + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if GATED:
-            acc_u += tl.load(b_ptr + e.to(tl.int64) * sb_e + N_OUT + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            acc_u += tl.load(b_ptr + e * sb_e + N_OUT + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
         acc = _activation(acc, acc_u, ACT)
     out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * N_OUT + offs_n[None, :]

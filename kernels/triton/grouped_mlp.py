@@ -17,12 +17,13 @@ from kernels.triton.decode import FMT_DENSE, FMT_FP8, FMT_MXFP4, FMT_NVFP4
 from kernels.triton.gemm import ACT_SILU, ACT_SWIGLU_OAI, grouped_gemm_kernel
 
 BM = 16  # rows per program: decode shapes put a handful of rows on each expert
-# (BN, BK, num_warps): wide weight tiles on GPUs (memory bound at decode: stream each weight once per
-# row tile), small ones under the interpreter. BK divides the FP8 block (128), MXFP4 (32), NVFP4 (16)
-# block sizes only by convenience: scales are gathered per element, any BK is correct.
-TILES_CUDA = (64, 128, 4)
+# (BN, BK, num_warps): on GPUs, tiles whose sm_90 build (checked with ptxas -v, no GPU needed) spills no
+# registers for every format with bfloat16 compute; float32 compute gets narrower tiles. Small tiles
+# under the interpreter. BK and the scale block widths are powers of two, so a K tile covers whole
+# scale blocks or lies inside one.
+TILES_CUDA = (64, 64, 8)
+TILES_CUDA_FLOAT32 = (32, 64, 4)
 TILES_INTERPRETER = (32, 32, 4)
-
 
 def tile_schedule(expert_idx: Tensor, counts: Tensor, device) -> tuple[Tensor, Tensor, Tensor]:
     """-> (expert [T], row start [T], row end [T]) int32: each expert's rows cut into BM-row tiles."""
@@ -41,6 +42,8 @@ def tile_schedule(expert_idx: Tensor, counts: Tensor, device) -> tuple[Tensor, T
 def format_args(t, dtype: torch.dtype) -> tuple:
     """-> (FMT, w, s, s2, sw_e, sw_n, sw_k, ss_e, ss_r, ss_c, s2_e, seg_rows, per_seg, QBN, QBK)."""
     if isinstance(t, FP8BlockExperts):
+        if t.block[1] & (t.block[1] - 1):
+            raise ValueError(f"w: the triton backend needs a power-of-two FP8 block width, got {t.block[1]}")
         w = t.weight.view(torch.uint8)
         seg_rows = t.shape[1] // t.segments
         per_seg = t.scale.shape[1] // t.segments
@@ -59,13 +62,15 @@ def format_args(t, dtype: torch.dtype) -> tuple:
 
 def _launch(x: Tensor, out: Tensor, sched, t, bias: Tensor | None, k: int, n_out: int, gated: bool, act: int, tiles) -> None:
     fmt, w, s, s2, *ints = format_args(t, x.dtype)
-    bn, bk, warps = tiles or (TILES_CUDA if x.is_cuda else TILES_INTERPRETER)
+    if tiles is None:
+        tiles = (TILES_CUDA if x.dtype == torch.bfloat16 else TILES_CUDA_FLOAT32) if x.is_cuda else TILES_INTERPRETER
+    bn, bk, warps = tiles
     tiles = sched[0].numel()
     b = bias.contiguous() if bias is not None else x
     grid = (tiles, triton.cdiv(n_out, bn))
     grouped_gemm_kernel[grid](
-        x, out, *sched, w, s, s2, b, k, n_out, *ints[:7], b.stride(0) if bias is not None else 0, *ints[7:],
-        FMT=fmt, GATED=gated, ACT=act, HAS_BIAS=bias is not None,
+        x, out, *sched, w, s, s2, b, k, n_out, *ints[:7], b.stride(0) if bias is not None else 0, *ints[7:10],
+        QBK=ints[10], FMT=fmt, GATED=gated, ACT=act, HAS_BIAS=bias is not None,
         BF16=x.dtype == torch.bfloat16, NATIVE_BF16_DOT=x.is_cuda,
         BM=BM, BN=bn, BK=bk, num_warps=warps,
     )
@@ -75,7 +80,7 @@ def grouped_expert_mlp_triton(
     x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights, tiles: tuple[int, int, int] | None = None
 ) -> Tensor:
     """Same contract as kernels.grouped_expert_mlp: x [N, H] grouped by expert -> [N, H] in x.dtype.
-    tiles: (BN, BK, num_warps), by default TILES_CUDA on CUDA tensors, TILES_INTERPRETER otherwise."""
+    tiles: (BN, BK, num_warps), by default TILES_CUDA(_FLOAT32) on CUDA tensors, TILES_INTERPRETER otherwise."""
     if int(counts.sum()) != x.shape[0] or bool((counts < 0).any()):
         raise ValueError(f"counts: must be non-negative and sum to N={x.shape[0]}")
     if x.shape[0] == 0:

@@ -28,7 +28,7 @@ def _dump_tiles(t, device) -> torch.Tensor:
     e, n, k = t.shape
     out = torch.zeros(e, n, k, device=device)
     fmt, w, s, s2, *ints = format_args(t, torch.float32)
-    dump_kernel[(e, triton.cdiv(n, 16), triton.cdiv(k, 32))](out, w, s, s2, n, k, *ints, FMT=fmt, BN=16, BK=32)
+    dump_kernel[(e, triton.cdiv(n, 16), triton.cdiv(k, 32))](out, w, s, s2, n, k, *ints[:10], QBK=ints[10], FMT=fmt, BN=16, BK=32)
     return out
 
 
@@ -68,7 +68,7 @@ def mlp_cases(device) -> dict[str, float]:
 
 def gpu_tile_cases(device) -> dict[str, float]:
     """The GPU tile sizes (wider than these tiny matrices: masks everywhere), relative error as in mlp_cases."""
-    from kernels.triton.grouped_mlp import TILES_CUDA, grouped_expert_mlp_triton
+    from kernels.triton.grouped_mlp import TILES_CUDA, TILES_CUDA_FLOAT32, grouped_expert_mlp_triton
 
     res = {}
     expert_idx, counts = torch.tensor([2, 0]), torch.tensor([3, 1])
@@ -76,9 +76,10 @@ def gpu_tile_cases(device) -> dict[str, float]:
         w = prepare_experts(make_weights(e=3, h=40, i=24, seed=9), fmt, torch.float32)
         torch.manual_seed(10)
         x = torch.randn(4, 40)
-        out = grouped_expert_mlp_triton(x.to(device), expert_idx.to(device), counts.to(device), w.to(device), TILES_CUDA)
         ref = reference(x, expert_idx, counts, w)
-        res[fmt] = (out.cpu().double() - ref).abs().max().item() / ref.abs().max().item()
+        for tiles in (TILES_CUDA, TILES_CUDA_FLOAT32):
+            out = grouped_expert_mlp_triton(x.to(device), expert_idx.to(device), counts.to(device), w.to(device), tiles)
+            res[f"{fmt}/{tiles}"] = (out.cpu().double() - ref).abs().max().item() / ref.abs().max().item()
     return res
 
 

@@ -33,8 +33,10 @@ def check(results):
         assert err == 0.0, f"dequantized tile differs for {name}: {err}"
     for name, rel in results["mlp"].items():
         assert rel <= 1e-5, f"{name}: relative error {rel}"
+    for name, rel in results["gpu_tiles"].items():
+        assert rel <= 1e-5, f"GPU tiles {name}: {rel}"
+    assert len(results["gpu_tiles"]) == 2 * len(FORMATS)
     for fmt in FORMATS:
-        assert results["gpu_tiles"][fmt] <= 1e-5, f"GPU tiles {fmt}: {results['gpu_tiles'][fmt]}"
         assert results["bf16"][fmt] <= 1e-2, f"bf16 {fmt}: {results['bf16'][fmt]}"
     assert len(results["mlp"]) == 2 * len(FORMATS)
 
