@@ -50,5 +50,11 @@ def pad_last(x: Tensor, multiple: int) -> Tensor:
 
 
 def expert_rows(t: Tensor, experts: Tensor | None) -> Tensor:
-    """t [E, ...] -> t[experts] (all experts when `experts` is None)."""
-    return t if experts is None else t.index_select(0, experts.to(device=t.device, dtype=torch.long))
+    """t [E, ...] -> t[experts] (all experts when `experts` is None). float8 tensors are gathered as
+    bytes (torch's float8 index_select is a slow generic path on CPU)."""
+    if experts is None:
+        return t
+    idx = experts.to(device=t.device, dtype=torch.long)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).index_select(0, idx).view(t.dtype)
+    return t.index_select(0, idx)
