@@ -151,8 +151,11 @@ class RemoteBackend(ExpertBackend):
     def _report_failure(self, server_id: str, detail: str) -> None:
         """From a failover thread: ReportFailure on the control plane (waits at most a few seconds)."""
         req = control_pb2.ReportFailureRequest(reporter_id=self.replica_id, server_id=server_id, detail=detail[:500])
-        fut = asyncio.run_coroutine_threadsafe(self.stub.ReportFailure(req, timeout=5), self._loop)
-        fut.result(6)
+
+        async def report():  # the aio call must be created on the backend's loop
+            return await self.stub.ReportFailure(req, timeout=5)
+
+        asyncio.run_coroutine_threadsafe(report(), self._loop).result(6)
 
     async def register(self, address: str) -> None:
         resp = await self.stub.RegisterAttentionReplica(control_pb2.RegisterAttentionReplicaRequest(address=address), timeout=30)
