@@ -13,6 +13,8 @@ from tests.moemesh.models.arch.conftest import GREEDY_TOKENS, PROMPTS
 from tests.moemesh.models.arch.reference import assert_logprobs_close
 from tests.e2e.helpers import generate_json
 
+pytestmark = pytest.mark.slow
+
 EOS = 2  # the tiny tokenizer's <|im_end|>
 
 

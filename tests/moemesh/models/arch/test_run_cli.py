@@ -14,6 +14,8 @@ from tests.moemesh.models.arch.conftest import GREEDY_TOKENS, NATIVE, PROMPTS
 from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, prompt_logprobs
 
 
+pytestmark = pytest.mark.slow
+
 def moemesh_run(model_dir, prompt) -> dict:
     cmd = [sys.executable, "-m", "moemesh.cli.main", "run", "--model", str(model_dir), "--prompt-ids",
            ",".join(map(str, prompt)), "--max-new-tokens", str(GREEDY_TOKENS), "--dtype", "float32", "--json"]
