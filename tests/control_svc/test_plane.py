@@ -1,0 +1,186 @@
+"""`ControlPlane` without gRPC: fake expert-server ops, a fake clock, load reports as ExpertStats."""
+import asyncio
+
+import pytest
+
+from control_svc.config import ControlConfig
+from control_svc.plane import ControlPlane
+from control_svc.registry import Registry
+from control_svc.wire import ServerInfo
+from moemesh.rpc.protos import load as load_protos
+from moemesh.telemetry import ServiceMetrics
+
+expert_pb2, _ = load_protos("expert")
+LAYERS = (0, 1)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class FakeOps:
+    def __init__(self):
+        self.held: dict[str, set[tuple[int, int]]] = {}
+        self.down: set[str] = set()
+
+    async def load(self, server, experts, version):
+        if server.server_id in self.down:
+            raise ConnectionError(f"{server.server_id} is down")
+        self.held.setdefault(server.server_id, set()).update((l, e) for l, es in experts.items() for e in es)
+
+    async def drop(self, server, experts, version):
+        self.held[server.server_id] -= {(l, e) for l, es in experts.items() for e in es}
+
+    async def ping(self, server, timeout_s):
+        if server.server_id in self.down:
+            raise ConnectionError("refused")
+
+
+def stats(tokens: dict[tuple[int, int], int]):
+    return expert_pb2.ExpertStats(loads=[expert_pb2.ExpertLoad(layer=l, expert_id=e, tokens=n) for (l, e), n in tokens.items()])
+
+
+def make_plane(**cfg):
+    clock = Clock()
+    ops = FakeOps()
+    metrics = ServiceMetrics("control")
+    config = ControlConfig(model_dir="unused", expected_expert_servers=2, heartbeat_interval_s=0.01, dead_after_s=1.0,
+                           release_timeout_s=0.05, rebalance_min_tokens=100, **cfg)
+    return ControlPlane(LAYERS, 8, config, ops, Registry(clock=clock), metrics), ops, clock, metrics
+
+
+async def settle(plane):
+    for _ in range(200):
+        if not plane._tasks and (plane._initial is None or plane._initial.done()) and not plane.switch.running:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("placement changes did not settle")
+
+
+async def two_servers(plane):
+    for port in (1, 2):
+        plane.register_expert(ServerInfo("", f"127.0.0.1:{port}"))
+    await plane.wait_placed(5)
+    await settle(plane)
+
+
+def skew(plane):
+    """Hot experts 0 and 2 (both on expert-0 after round robin) reported by their server."""
+    plane.heartbeat("expert-0", None, stats({(l, e): (3000 if e in (0, 2) else 10) for l in LAYERS for e in range(0, 8, 2)}))
+    plane.heartbeat("expert-1", None, stats({(l, e): 10 for l in LAYERS for e in range(1, 8, 2)}))
+
+
+def test_rebalance_replicates_hot_experts_and_publishes_balancedness():
+    async def main():
+        plane, ops, _, metrics = make_plane(redundant_experts=2)
+        await two_servers(plane)
+        skew(plane)
+        before = plane.balancedness()
+        plan = await plane.rebalance()
+        assert plan.placement is not None and plane.board.version == 2
+        assert before < 0.6 and plane.balancedness() > 0.9
+        for layer in LAYERS:
+            assert set(plane.board.current.placement.replicas[layer][0]) == {"expert-0", "expert-1"}
+        assert ops.held["expert-1"] >= {(0, 0), (1, 0), (0, 2), (1, 2)}  # prepared before the commit
+        text = metrics.render().decode()
+        assert 'moemesh_placement_version{service="control"} 2.0' in text
+        assert "moemesh_placement_balancedness" in text
+        again = await plane.rebalance()  # the same load: nothing better to switch to
+        assert again.placement is None and plane.board.version == 2
+
+    asyncio.run(main())
+
+
+def test_knobs_are_a_new_version_with_the_same_replicas():
+    async def main():
+        plane, _, _, _ = make_plane()
+        await two_servers(plane)
+        replicas = plane.board.current.placement.replicas
+        view = await plane.set_knobs(1, None, None)
+        assert view.placement.version == 2 and view.placement.replicas == replicas
+        assert view.knobs.top_k == 1 and plane.board.current.knobs.top_k == 1
+        view = await plane.set_knobs(None, 1.5, 1)
+        assert view.knobs.effective(1, 2) == (1, 1.5) and view.knobs.effective(0, 2) == (1, 0.0)
+        with pytest.raises(ValueError, match="top_k"):
+            await plane.set_knobs(0, None, None)
+        assert plane.board.version == 3
+
+    asyncio.run(main())
+
+
+def test_a_server_joining_later_gets_experts():
+    async def main():
+        plane, ops, _, _ = make_plane()
+        await two_servers(plane)
+        plane.register_expert(ServerInfo("", "127.0.0.1:3"))
+        await settle(plane)
+        assert "expert-2" in plane.board.current.placement.servers() and ops.held["expert-2"]
+
+    asyncio.run(main())
+
+
+def test_silent_server_is_declared_dead_and_its_experts_move():
+    async def main():
+        plane, ops, clock, _ = make_plane()
+        await two_servers(plane)
+        reaper = asyncio.create_task(plane.reap_forever())
+        try:
+            clock.t = 0.5
+            plane.heartbeat("expert-0", None, None)
+            clock.t = 1.2  # expert-1 silent for 1.2 s > dead_after_s
+            for _ in range(100):
+                if plane.board.version == 2:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            reaper.cancel()
+        await settle(plane)
+        assert plane.registry.experts["expert-1"].info.state == "dead"
+        assert plane.board.current.placement.servers() == ("expert-0",)
+        assert len(ops.held["expert-0"]) == 16
+
+    asyncio.run(main())
+
+
+def test_reported_failure_is_probed_before_declaring_death():
+    async def main():
+        plane, ops, _, _ = make_plane()
+        await two_servers(plane)
+        assert await plane.report_failure("expert-1", "UNAVAILABLE") is False  # it answers the probe
+        assert plane.board.version == 1
+        ops.down.add("expert-1")
+        assert await plane.report_failure("expert-1", "UNAVAILABLE") is True
+        assert await plane.report_failure("expert-1", "again") is True  # a second reporter
+        assert await plane.report_failure("expert-9", "unknown") is False
+        await settle(plane)
+        assert plane.board.current.placement.servers() == ("expert-0",)
+
+    asyncio.run(main())
+
+
+def test_failover_re_solves_when_the_survivors_lack_free_slots_and_keeps_the_placement_when_nothing_fits():
+    async def main():
+        plane, _, _, _ = make_plane(redundant_experts=8)
+        for port, budget in ((1, 16), (2, 16)):
+            plane.register_expert(ServerInfo("", f"127.0.0.1:{port}", slot_budget=budget))
+        await plane.wait_placed(5)
+        await settle(plane)
+        await plane.rebalance(force=True)  # 16 copies per layer: both servers full
+        await settle(plane)
+        assert plane.board.current.placement.servers() == ("expert-0", "expert-1")
+        plane.register_expert(ServerInfo("", "127.0.0.1:3", slot_budget=8))
+        await settle(plane)
+        version = plane.board.version
+        plane.declare_dead("expert-0", "test")
+        await settle(plane)
+        after = plane.board.current.placement
+        assert after.version == version + 1 and "expert-0" not in after.servers()
+        plane.declare_dead("expert-1", "test")  # expert-2's 8 slots cannot hold 16 experts
+        await settle(plane)
+        assert plane.board.current.placement == after
+
+    asyncio.run(main())
