@@ -25,6 +25,7 @@ TILES_CUDA = (64, 64, 8)
 TILES_CUDA_FLOAT32 = (32, 64, 4)
 TILES_INTERPRETER = (32, 32, 4)
 
+
 def tile_schedule(expert_idx: Tensor, counts: Tensor, device) -> tuple[Tensor, Tensor, Tensor]:
     """-> (expert [T], row start [T], row end [T]) int32: each expert's rows cut into BM-row tiles."""
     experts, starts, ends = [], [], []
@@ -65,9 +66,8 @@ def _launch(x: Tensor, out: Tensor, sched, t, bias: Tensor | None, k: int, n_out
     if tiles is None:
         tiles = (TILES_CUDA if x.dtype == torch.bfloat16 else TILES_CUDA_FLOAT32) if x.is_cuda else TILES_INTERPRETER
     bn, bk, warps = tiles
-    tiles = sched[0].numel()
     b = bias.contiguous() if bias is not None else x
-    grid = (tiles, triton.cdiv(n_out, bn))
+    grid = (sched[0].numel(), triton.cdiv(n_out, bn))
     grouped_gemm_kernel[grid](
         x, out, *sched, w, s, s2, b, k, n_out, *ints[:7], b.stride(0) if bias is not None else 0, *ints[7:10],
         QBK=ints[10], FMT=fmt, GATED=gated, ACT=act, HAS_BIAS=bias is not None,
