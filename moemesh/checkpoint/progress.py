@@ -9,9 +9,9 @@ from tqdm import tqdm
 
 
 @contextmanager
-def load_progress(total: int, desc: str, delay_s: float = 1.0) -> Iterator[tqdm]:
+def load_progress(total: int, desc: str, unit: str = "layer", delay_s: float = 1.0) -> Iterator[tqdm]:
     """Yields a tqdm counter on stderr; nothing is drawn unless the load outlives `delay_s`."""
-    bar = tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, delay=delay_s, leave=False)
+    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, delay=delay_s, leave=False)
     try:
         yield bar
     finally:

@@ -6,14 +6,14 @@ KV cache of one layer: k, v [num_blocks, BS, KVH, D].
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, apply_rope, rms_norm
+from moemesh.models.layers import RotaryTable, apply_rope_signed, rms_norm, rope_for_step
 
 
 @dataclass(frozen=True)
@@ -29,39 +29,56 @@ class AttentionWeights:
     q_norm: Tensor | None = None
     k_norm: Tensor | None = None
     norm_eps: float = 1e-6
+    qk_norm: Tensor | None = field(init=False, default=None, repr=False)  # [NH+KVH, D] both norms at once
+
+    def __post_init__(self) -> None:
+        if self.q_norm is not None and self.k_norm is not None:
+            d = self.head_dim
+            joint = torch.cat([self.q_norm.expand(self.num_heads, d), self.k_norm.expand(self.num_kv_heads, d)])
+            object.__setattr__(self, "qk_norm", joint)
 
 
 def attention(
-    x: Tensor, w: AttentionWeights, meta: BatchMeta, rope: RotaryTable, k_cache: Tensor, v_cache: Tensor
+    x: Tensor,
+    w: AttentionWeights,
+    meta: BatchMeta,
+    rope: RotaryTable,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    rope_cs: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """x [T, H] -> [T, H]; writes this step's keys and values into the cache first."""
+    """x [T, H] -> [T, H]; writes this step's keys and values into the cache first.
+    rope_cs: (cos, signed sin) from `rope_for_step`, to share across layers (computed here when None)."""
     t = x.shape[0]
     nh, kvh, d = w.num_heads, w.num_kv_heads, w.head_dim
     qkv = x @ w.qkv.t()  # [T, (NH+2KVH)*D]
     if w.qkv_bias is not None:
         qkv = qkv + w.qkv_bias
-    q, k, v = qkv.split([nh * d, kvh * d, kvh * d], dim=-1)
-    q = q.view(t, nh, d)
-    k = k.view(t, kvh, d)
-    v = v.reshape(t, kvh, d)
-    if w.q_norm is not None:
-        q = rms_norm(q, w.q_norm, w.norm_eps)
-        k = rms_norm(k, w.k_norm, w.norm_eps)
-    cos, sin = rope.for_positions(meta.positions, x.dtype)  # [T, 1, D]
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
+    qk = qkv[:, : (nh + kvh) * d].view(t, nh + kvh, d)  # [T, NH+KVH, D]: queries and keys rotate together
+    v = qkv[:, (nh + kvh) * d :].view(t, kvh, d)
+    if w.qk_norm is not None:
+        qk = rms_norm(qk, w.qk_norm, w.norm_eps)
+    elif w.q_norm is not None or w.k_norm is not None:
+        raise ValueError("q_norm and k_norm must be given together")
+    cos, sin_signed = rope_cs if rope_cs is not None else rope_for_step(rope, meta.positions, x.dtype)
+    qk = apply_rope_signed(qk, cos, sin_signed)
+    q, k = qk[:, :nh], qk[:, nh:]  # [T, NH, D], [T, KVH, D]
     k_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, v)
 
-    out = torch.empty(t, nh, d, dtype=x.dtype)  # [T, NH, D]
     b = meta.num_decode
+    decoded = None
     if b:
         kk = k_cache[meta.decode_block_tables].view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
         vv = v_cache[meta.decode_block_tables].view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
         qq = q[:b].unsqueeze(2)  # [B, NH, 1, D]
         mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
-        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)  # [B, NH, 1, D]
-        out[:b] = o.squeeze(2)
+        decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)  # [B, NH, 1, D]
+        if not meta.prefills:
+            return decoded.reshape(b, nh * d) @ w.o.t()  # [T, H]
+    out = torch.empty(t, nh, d, dtype=x.dtype)  # [T, NH, D]
+    if decoded is not None:
+        out[:b] = decoded.squeeze(2)
     for start, n in meta.prefills:
         qq = q[start : start + n].transpose(0, 1)  # [NH, n, D]
         kk = k[start : start + n].transpose(0, 1)  # [KVH, n, D]

@@ -19,7 +19,7 @@ from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, rms_norm, silu_mlp
+from moemesh.models.layers import RotaryTable, rms_norm, rope_for_step, silu_mlp
 from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
@@ -52,6 +52,10 @@ class MoeDecoderLM:
     names: WeightNames  # set by each architecture's subclass
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+        if cfg.rope_scaling is not None:
+            raise ValueError(
+                f"rope_scaling: {cfg.architecture} supports the default rope only, got {cfg.rope_scaling.get('rope_type', cfg.rope_scaling)!r}"
+            )
         self.cfg = cfg
         self.dtype = dtype
         h, v = cfg.hidden_size, cfg.vocab_size
@@ -133,10 +137,11 @@ class MoeDecoderLM:
         cfg = self.cfg
         x = self.embed[meta.input_ids]  # [T, H]
         t = x.shape[0]
+        rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # shared by every layer
         for idx, lyr in enumerate(self.layers):
             h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
             k_cache, v_cache = kv_caches[idx]
-            x = x + attention(h, lyr.attn, meta, self.rope, k_cache, v_cache)
+            x = x + attention(h, lyr.attn, meta, self.rope, k_cache, v_cache, rope_cs)
             h = rms_norm(x, lyr.post_norm, cfg.rms_norm_eps)  # [T, H]
             if lyr.router is None:
                 x = x + silu_mlp(h, lyr.mlp_gate_up, lyr.mlp_down)

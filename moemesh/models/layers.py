@@ -12,12 +12,12 @@ from torch import Tensor
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x [..., D] -> [..., D]; normalizes in float32, scales in x.dtype (as transformers does)."""
-    if x.dtype == torch.float32:
+    """x [..., D] -> [..., D]; normalizes in float32, scales in x.dtype (as transformers does).
+    weight [D], or any shape broadcasting against x (e.g. [heads, D] for per-head norms)."""
+    if x.dtype == torch.float32 and weight.dim() == 1:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    # F.rms_norm without a weight rounds the normalized value to x.dtype, as transformers does
+    return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,21 @@ class RotaryTable:
     def for_positions(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions [T] -> cos, sin [T, 1, D] in dtype (broadcast over heads)."""
         return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+
+
+def rope_for_step(rope: RotaryTable, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos, signed sin [T, 1, D] for `apply_rope_signed`, computed once per forward and shared by layers."""
+    cos, sin = rope.for_positions(positions, dtype)
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def apply_rope_signed(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """Same result as apply_rope with fewer ops: rotate_half(x) * sin == swap_halves(x) * signed sin.
+    x [T, NH, D], cos / sin_signed [T, 1, D] -> [T, NH, D]."""
+    t, nh, d = x.shape
+    swapped = x.reshape(t, nh, 2, d // 2).flip(2).reshape(t, nh, d)
+    return x * cos + swapped * sin_signed
 
 
 def rotate_half(x: Tensor) -> Tensor:

@@ -23,6 +23,8 @@ class DispatchPlan:
     counts      [G] int64  rows per expert (sum == N)
     capacity    rows per expert the plan is padded to (None when dropless); an expert never gets more
     dropped     pairs that did not fit (contribute nothing to the output)
+    uniform     every expert 0..E-1 gets all T tokens, in token order (top-k == E, nothing dropped):
+                rows are x.repeat(E, 1) and row e*T + t belongs to token t
     """
 
     token_idx: Tensor
@@ -31,6 +33,7 @@ class DispatchPlan:
     counts: Tensor
     capacity: int | None
     dropped: int
+    uniform: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -51,6 +54,10 @@ def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) 
     (in token order) before any second choice, and so on (as Tutel does)."""
     ids = routing.expert_ids  # [T, K]
     num_tokens, top_k = ids.shape
+    if top_k == num_experts and num_tokens:
+        capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count=num_tokens)
+        if capacity is None or capacity >= num_tokens:
+            return uniform_plan(routing, num_experts, capacity)
     # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order.
     flat_ids = ids.t().reshape(-1)  # [K*T]
     flat_w = routing.weights.t().reshape(-1)  # [K*T]
@@ -77,4 +84,20 @@ def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) 
         counts=all_counts[present],
         capacity=capacity,
         dropped=dropped,
+    )
+
+
+def uniform_plan(routing: Routing, num_experts: int, capacity: int | None) -> DispatchPlan:
+    """Every token goes to every expert: no sort, rows in (expert, token) order."""
+    ids = routing.expert_ids  # [T, E], a permutation of the experts per token
+    num_tokens = ids.shape[0]
+    by_expert = torch.zeros(num_tokens, num_experts, dtype=routing.weights.dtype).scatter_(1, ids, routing.weights)  # [T, E]
+    return DispatchPlan(
+        token_idx=torch.arange(num_tokens, device=ids.device).repeat(num_experts),
+        weights=by_expert.t().reshape(-1),
+        expert_ids=torch.arange(num_experts, device=ids.device),
+        counts=torch.full((num_experts,), num_tokens, dtype=torch.long, device=ids.device),
+        capacity=capacity,
+        dropped=0,
+        uniform=True,
     )

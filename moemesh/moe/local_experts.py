@@ -46,8 +46,9 @@ class LocalExperts:
             raise ValueError(f"layer {layer} has no experts loaded here")
         if x.shape[0] == 0:
             return completed(torch.empty_like(x))
-        if is_dense(w, x.dtype) and uniform_counts(counts):
-            return completed(batched_mlp(x, expert_ids, int(counts[0]), w))
+        rows = counts.tolist()
+        if len(rows) > 1 and min(rows) == max(rows) and is_dense(w, x.dtype):
+            return completed(batched_mlp(x, expert_ids, rows[0], w))
         return completed(grouped_expert_mlp(x, expert_ids, counts, w))
 
 
@@ -63,15 +64,11 @@ def is_dense(w: ExpertWeights, dtype: torch.dtype) -> bool:
     )
 
 
-def uniform_counts(counts: Tensor) -> bool:
-    return counts.numel() > 1 and bool((counts == counts[0]).all())
-
-
 def batched_mlp(x: Tensor, expert_ids: Tensor, rows: int, w: ExpertWeights) -> Tensor:
     """Every expert in expert_ids gets exactly `rows` rows (e.g. top-k == E): one bmm per projection.
     x [N, H] with N = G*rows -> [N, H]."""
     g = expert_ids.numel()
-    all_experts = g == w.num_experts and bool((expert_ids == torch.arange(g)).all())
+    all_experts = g == w.num_experts and expert_ids.tolist() == list(range(g))
     gate_up = w.gate_up if all_experts else w.gate_up.index_select(0, expert_ids)  # [G, 2I, H]
     down = w.down if all_experts else w.down.index_select(0, expert_ids)  # [G, H, I]
     h = torch.bmm(x.view(g, rows, -1), gate_up.transpose(1, 2))  # [G, rows, 2I]

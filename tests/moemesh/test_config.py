@@ -45,3 +45,16 @@ def test_generation_config_eos_wins(tiny_ckpt, tmp_path):
     raw = json.loads((src / "config.json").read_text())
     cfg = ModelConfig.from_dicts(raw, {"eos_token_id": [7, 9]})
     assert cfg.eos_token_ids == (7, 9)
+
+
+def test_scaled_rope_is_refused_by_the_model(tiny_ckpt):
+    from moemesh.checkpoint import CheckpointReader
+    from moemesh.models.mixtral import MixtralForCausalLM
+
+    path, _ = tiny_ckpt("mixtral")
+    raw = json.loads((path / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
+    cfg = ModelConfig.from_dicts(raw)
+    assert cfg.rope_scaling["rope_type"] == "yarn"
+    with pytest.raises(ValueError, match="rope_scaling.*yarn"):
+        MixtralForCausalLM(cfg, CheckpointReader(path), __import__("torch").float32)

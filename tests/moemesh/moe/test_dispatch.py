@@ -91,3 +91,24 @@ def test_plan_rows_cover_each_kept_pair_once(cf):
     pairs = set(zip(plan.token_idx.tolist(), torch.repeat_interleave(plan.expert_ids, plan.counts).tolist()))
     assert len(pairs) == plan.num_rows
     assert pairs <= {(t, e) for t in range(20) for e in r.expert_ids[t].tolist()}
+
+
+def test_all_experts_per_token_gives_a_uniform_plan_equal_to_the_general_sum():
+    torch.manual_seed(2)
+    t, e, h = 5, 4, 3
+    probs = torch.softmax(torch.randn(t, e), -1)
+    weights, ids = torch.topk(probs, e, dim=-1)
+    plan = make_plan(Routing(ids, weights), num_experts=e)
+    assert plan.uniform and plan.counts.tolist() == [t] * e and plan.expert_ids.tolist() == list(range(e))
+    assert plan.token_idx.tolist() == list(range(t)) * e
+    rows = torch.randn(plan.num_rows, h)
+    expected = torch.zeros(t, h)
+    for row, (tok, ex) in enumerate(zip(plan.token_idx.tolist(), torch.repeat_interleave(plan.expert_ids, plan.counts).tolist())):
+        expected[tok] += probs[tok, ex] * rows[row]
+    torch.testing.assert_close(combine(rows, plan, t), expected)
+
+
+def test_binding_capacity_with_all_experts_falls_back_to_dropping():
+    ids = torch.tensor([[0, 1]] * 4)
+    plan = make_plan(Routing(ids, torch.full((4, 2), 0.5)), num_experts=2, capacity_factor=0.5)  # capacity 2 < 4
+    assert not plan.uniform and plan.capacity == 2 and plan.dropped == 4
