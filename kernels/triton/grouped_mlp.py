@@ -22,7 +22,7 @@ BM = 16  # rows per program: decode shapes put a handful of rows on each expert
 # under the interpreter. BK and the scale block widths are powers of two, so a K tile covers whole
 # scale blocks or lies inside one.
 TILES_CUDA = (64, 64, 8)
-TILES_CUDA_FLOAT32 = (32, 64, 4)
+TILES_CUDA_FLOAT32 = (32, 32, 4)
 TILES_INTERPRETER = (32, 32, 4)
 
 
