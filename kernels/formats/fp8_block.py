@@ -125,13 +125,14 @@ def fp8_block_from_checkpoint(weight: Tensor, weight_scale_inv: Tensor, block: t
     """One projection of every expert as stored on disk, stacked by the caller.
 
     weight [E, N, K] (or [N, K]) float8_e4m3fn; weight_scale_inv [E, ceil(N/BN), ceil(K/BK)] float32
-    (bf16 scales are widened). Values are kept as stored.
+    (bf16/fp16 scales and `scale_fmt: ue8m0` scales stored as float8_e8m0fnu are widened to float32,
+    exactly). Values are kept as stored.
     """
     check_dtype(weight, torch.float8_e4m3fn, "weight")
     if weight.dim() == 2:
         weight = weight.unsqueeze(0)
         weight_scale_inv = weight_scale_inv.unsqueeze(0)
-    if weight_scale_inv.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if weight_scale_inv.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e8m0fnu):
         raise ValueError(f"weight_scale_inv: expected a float tensor, got {weight_scale_inv.dtype}")
     scale = weight_scale_inv.float()
     if not bool(torch.isfinite(scale).all()) or bool((scale < 0).any()):

@@ -71,6 +71,15 @@ def test_loader_keeps_values_as_stored():
     assert stacked.scale.dtype == torch.float32 and stacked.shape == (2, 300, 200)
 
 
+def test_loader_widens_ue8m0_scales_exactly():
+    torch.manual_seed(5)
+    q = quantize_fp8_block(torch.randn(2, 200, 130) * 3, scale_fmt="ue8m0")
+    e8m0 = (torch.log2(q.scale).round() + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
+    loaded = fp8_block_from_checkpoint(q.weight, e8m0)
+    assert torch.equal(loaded.scale, q.scale)
+    assert torch.equal(loaded.dequantize(), q.dequantize())
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_rejects_non_finite_input(bad):
     w = torch.randn(4, 8)
