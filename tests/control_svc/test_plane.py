@@ -184,3 +184,23 @@ def test_failover_re_solves_when_the_survivors_lack_free_slots_and_keeps_the_pla
         assert plane.board.current.placement == after
 
     asyncio.run(main())
+
+
+def test_periodic_rebalance_switches_once_the_load_is_skewed():
+    async def main():
+        plane, _, _, _ = make_plane(redundant_experts=2, rebalance_interval_s=0.02)
+        await two_servers(plane)
+        loop = asyncio.create_task(plane.rebalance_forever())
+        try:
+            await asyncio.sleep(0.1)
+            assert plane.board.version == 1  # no load yet: fewer than rebalance_min_tokens
+            skew(plane)
+            for _ in range(200):
+                if plane.board.version == 2:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            loop.cancel()
+        assert plane.board.version == 2 and plane.balancedness() > 0.9
+
+    asyncio.run(main())

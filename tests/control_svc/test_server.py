@@ -76,3 +76,28 @@ def test_bad_calls_get_the_right_status(loop, control):
     assert codes[2][0] == grpc.StatusCode.NOT_FOUND
     assert codes[3][0] == grpc.StatusCode.INVALID_ARGUMENT and "id" in codes[3][1]
     assert not unknown.known
+
+
+def test_metrics_endpoint_and_status_rpc(moe_dir, loop):
+    import urllib.request
+
+    parts = loop.run(in_loop(build_control_server, ControlConfig(model_dir=str(moe_dir), metrics_port=0)), 30)
+    loop.run(parts.server.start(), 30)
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{parts.metrics_server.port}/metrics", timeout=10).read().decode()
+        assert 'moemesh_placement_balancedness{service="control"}' in body
+
+        async def status():
+            async with make_channel(parts.address, RpcConfig()) as ch:
+                stub = control_grpc.ControlServiceStub(ch)
+                st = await stub.GetStatus(control_pb2.GetStatusRequest(), timeout=10)
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.Rebalance(control_pb2.RebalanceRequest(), timeout=10)
+                return st, e.value
+
+        st, err = loop.run(status(), 30)
+        assert st.placement_version == 0 and list(st.servers) == [] and st.balancedness == 1.0
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "no placement yet" in err.details()
+    finally:
+        loop.run(parts.server.shutdown(0.2), 30)
+        loop.run(parts.ops.close(), 30)
