@@ -1,7 +1,8 @@
 """Incremental placement of one layer: keep the current copies, add the missing ones, then change
 one thing at a time around the busiest server while that lowers its load.
 
-Shape letters: P copies (items) of the layer, E logical experts, S servers, m copies on the busiest server.
+Shape letters: P copies (items) of the layer, E logical experts, S servers, m copies on the
+busiest server, K copies of experts with more than one copy.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def _best_step(
 
     Every server a change touches must end below s's load now; ties prefer a move, then a
     re-replication (one copy loaded each), then a swap (two). Returns the new (groups[P],
-    assignment[P]) or None when nothing helps. Vectorised over `[m,S]` and `[m,P,S]`.
+    assignment[P]) or None when nothing helps. Vectorised over `[m,S]`, `[m,P]` and `[m,K,S]`
+    (K: copies of experts that have more than one).
     """
     count, w, load, free, on = _state(expert_load, groups, assign, slots)
     s = int(torch.argmax(load))
@@ -53,33 +55,35 @@ def _best_step(
     ok = (assign != s)[None, :] & (w[None, :] < wj[:, None]) & ~on[groups, s][None, :] & ~on[gj[:, None], assign[None, :]]
     swap = torch.where(ok, torch.maximum(peak - wj[:, None] + w[None, :], load[assign][None, :] + wj[:, None] - w[None, :]), INF)
 
-    la, ca = expert_load[gj], count[gj].double()  # [m]
-    lb, cb = expert_load[groups], count[groups].double()  # [P]
-    d_a = la / ca - la / (ca + 1)  # each copy of A gets this much lighter
-    d_b = torch.where(cb >= 2, lb / (cb - 1).clamp_min(1) - lb / cb, 0.0)  # each other copy of B this much heavier
-    new = (
-        load[None, None, :]
-        - d_a[:, None, None] * on[gj][:, None, :].double()
-        + d_b[None, :, None] * on[groups][None, :, :].double()
-    )  # [m,P,S]
-    t = assign  # server of copy k
-    at_t = torch.nn.functional.one_hot(t, len(slots)).bool()[None, :, :]  # [1,P,S]
-    new = torch.where(at_t, new - (lb / cb + d_b)[None, :, None] + (la / (ca + 1))[:, None, None], new)
-    touched = on[gj][:, None, :] | on[groups][None, :, :] | at_t
-    rerep_cost = torch.where(touched, new, -INF).amax(dim=2)  # [m,P]
-    ok = (cb >= 2)[None, :] & (gj[:, None] != groups[None, :]) & ~on[gj[:, None], t[None, :]]
-    rerep = torch.where(ok, rerep_cost, INF)
+    # re-replication, over the K copies whose expert has >= 2 copies (the only ones that can give one up)
+    donors = torch.nonzero(count[groups] >= 2).reshape(-1)  # [K]
+    rerep = torch.full((len(mine), len(donors)), INF, dtype=torch.float64)
+    if len(donors):
+        gk, t = groups[donors], assign[donors]
+        la, ca = expert_load[gj], count[gj].double()  # [m]
+        lb, cb = expert_load[gk], count[gk].double()  # [K]
+        d_a = la / ca - la / (ca + 1)  # each copy of A gets this much lighter
+        d_b = lb / (cb - 1) - lb / cb  # each remaining copy of B this much heavier
+        on_a, on_b = on[gj].double(), on[gk].double()  # [m,S], [K,S]
+        new = load[None, None, :] - d_a[:, None, None] * on_a[:, None, :] + d_b[None, :, None] * on_b[None, :, :]
+        at_t = torch.nn.functional.one_hot(t, len(slots)).bool()[None, :, :]  # [1,K,S]
+        new = torch.where(at_t, new - (lb / cb + d_b)[None, :, None] + (la / (ca + 1))[:, None, None], new)
+        touched = on[gj][:, None, :] | on[gk][None, :, :] | at_t
+        cost = torch.where(touched, new, -INF).amax(dim=2)  # [m,K]
+        ok = (gj[:, None] != gk[None, :]) & ~on[gj[:, None], t[None, :]]
+        rerep = torch.where(ok, cost, INF)
 
-    best = min(float(move.min()), float(rerep.min()), float(swap.min()))
+    best_move, best_rerep, best_swap = (float(x.min()) if x.numel() else INF for x in (move, rerep, swap))
+    best = min(best_move, best_rerep, best_swap)
     if best >= peak - 1e-12 * max(1.0, peak):
         return None
     groups, assign = groups.clone(), assign.clone()
-    if float(move.min()) == best:
+    if best_move == best:
         j, dst = divmod(int(torch.argmin(move)), move.shape[1])
         assign[mine[j]] = dst
-    elif float(rerep.min()) == best:
+    elif best_rerep == best:
         j, k = divmod(int(torch.argmin(rerep)), rerep.shape[1])
-        groups[k] = gj[j]
+        groups[donors[k]] = gj[j]
     else:
         j, k = divmod(int(torch.argmin(swap)), swap.shape[1])
         assign[mine[j]], assign[k] = assign[k].clone(), s

@@ -24,14 +24,14 @@ def check_invariants(p: Placement, load: torch.Tensor, servers: list[ServerBudge
         assert all(n <= slots[s] for s, n in used.items())
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(problems())
 def test_invariants_from_scratch(problem):
     load, servers, num_physical = problem
     check_invariants(solve(load, servers, num_physical), load, servers, num_physical)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(problems(), st.integers(0, 2**31 - 1))
 def test_invariants_from_a_current_placement(problem, seed):
     load, servers, num_physical = problem
@@ -71,9 +71,11 @@ def test_few_moves_on_small_load_change(seed, a):
     assert balancedness(drifted, again) >= balancedness(drifted, first) - 1e-12
 
 
-def test_unchanged_load_returns_current():
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.5, 2.0))
+def test_solution_is_a_fixed_point(seed, a):
     servers = [ServerBudget(f"gpu{i}", 3) for i in range(4)]
-    load = zipf_load(2, 10, 1.5, seed=0)
+    load = zipf_load(2, 10, a, seed)
     first = solve(load, servers)
     assert solve(load, servers, current=first) is first
 
@@ -129,7 +131,7 @@ def test_server_budget_validation(kwargs, field):
         ServerBudget(**args)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(problems())
 def test_never_worse_than_the_initial_placement(problem):
     # the initial placement (one copy each) is a candidate, so no layer's peak load can rise
