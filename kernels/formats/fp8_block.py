@@ -73,8 +73,11 @@ class FP8BlockExperts:
         return (rows // seg_rows) * per_seg + (rows % seg_rows) // self.block[0]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
-        """-> [E', N, K] in dtype: weight * scale in float32, then cast."""
-        w = expert_rows(self.weight, experts).float()  # [E', N, K]
+        """-> [E', N, K] in dtype: weight * scale in float32, then cast. The bytes are widened through a
+        256-entry table (torch's own e4m3 -> float32 values; faster than the cast on CPU)."""
+        raw = expert_rows(self.weight, experts).view(torch.uint8)  # [E', N, K]
+        table = torch.arange(256, dtype=torch.uint8, device=raw.device).view(torch.float8_e4m3fn).float()
+        w = table.index_select(0, raw.reshape(-1).int()).reshape(raw.shape)  # [E', N, K] float32
         e, n, k = w.shape
         bk = self.block[1]
         s = expert_rows(self.scale, experts)[:, self.row_to_scale_row()]  # [E', N, KB]
