@@ -18,7 +18,8 @@
   the service's config dataclass accepts (`moemesh serve` derives the same names), with a value
   that field can read;
 - each `moemesh serve <service>` container binds 0.0.0.0 on the port its container and probes
-  declare; a port named `metrics` is the service's `metrics_port` field's value; Service target ports exist on the selected pods; the internal NetworkPolicy admits
+  declare; a port named `metrics` is the service's `metrics_port` field's value and some
+  NetworkPolicy admits it; Service target ports exist on the selected pods; the internal NetworkPolicy admits
   every internal service's port;
 - terminationGracePeriodSeconds >= preStop sleep + the server's drain timeout + gRPC shutdown grace;
 - expert servers advertise `$(POD_IP):<port>` from the downward API and know the control plane;
@@ -275,6 +276,7 @@ def check_env_keys(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> l
 def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list[str]:
     out = []
     internal_ports: set[int] = set()
+    metrics_ports: set[int] = set()
     for o in _workloads(objs):
         for c in pod_specs(o)[0].get("containers", []):
             service = service_of(c)
@@ -292,7 +294,10 @@ def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list
             if service in INTERNAL:
                 internal_ports.add(port)
             metrics = next((p.get("containerPort") for p in c.get("ports", []) if p.get("name") == "metrics"), None)
+            if metrics is None and "metrics_port" in fields[service]:
+                out.append(f"{_name(o)}: {service} declares no metrics port (Prometheus and the autoscalers see nothing)")
             if metrics is not None:
+                metrics_ports.add(metrics)
                 if "metrics_port" not in fields[service]:
                     out.append(f"{_name(o)}: declares a metrics port but `moemesh serve {service}` has no metrics_port field")
                 elif config_value(service, "metrics_port", env, fields) != metrics:
@@ -309,6 +314,8 @@ def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list
     admitted = {p.get("port") for o in policies for rule in o["spec"].get("ingress", []) for p in rule.get("ports", [])}
     for port in sorted(internal_ports - admitted):
         out.append(f"NetworkPolicy: internal port {port} is admitted by no ingress rule")
+    for port in sorted(metrics_ports - admitted):
+        out.append(f"NetworkPolicy: metrics port {port} is admitted by no ingress rule (Prometheus cannot scrape)")
     return out
 
 

@@ -16,8 +16,9 @@ Metric names (every one labelled `service`, the service kind: router|attention|e
 | `moemesh_placement_balancedness` | gauge | | `set_placement` (control plane) |
 | `moemesh_placement_version` | gauge | | `set_placement` |
 
-The autoscalers (`deploy/k8s`) read `moemesh_queue_depth` and the rate of
-`moemesh_busy_seconds_total` (busy seconds per second: the busy fraction).
+The autoscalers (`deploy/k8s`) read, through the Prometheus adapter, `moemesh_queue_depth` and
+the rate of `moemesh_busy_seconds_total` (busy seconds per second: the busy fraction) of expert
+servers, and the mean `moemesh_batch_size` of attention replicas.
 """
 from __future__ import annotations
 
