@@ -19,6 +19,7 @@ class RouterConfig:
     max_queued: int = field(default=256, metadata={"help": "streams waiting for a slot; beyond it RESOURCE_EXHAUSTED"})
     load_poll_s: float = field(default=0.2, metadata={"help": "how often to ask each replica for its load"})
     connect_timeout_s: float = field(default=60.0, metadata={"help": "how long to wait for the replicas at start"})
+    metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port (queue depth); unset = none, 0 = any free port"})
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
     def __post_init__(self) -> None:

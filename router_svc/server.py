@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from moemesh.rpc.server import MeshServer, Service, build_server, run_service
+from moemesh.telemetry import MetricsServer, ServiceMetrics
 from router_svc.admission import Admission
 from router_svc.attention_client import AttentionClient
 from router_svc.config import RouterConfig
@@ -40,6 +41,20 @@ class RouterServer:
         self.clients = clients
         self.poll_s = poll_s
         self._poller: asyncio.Task | None = None
+        self.metrics = ServiceMetrics("router")
+        self.metrics_server: MetricsServer | None = None  # /metrics when serve_metrics() was called
+        self._gauges: asyncio.Task | None = None
+
+    def serve_metrics(self, port: int, host: str) -> None:
+        """/metrics on host:port (0 = any free port); the queue depth is refreshed every poll period."""
+        self.metrics_server = self.metrics.serve(port, host)
+
+        async def refresh() -> None:
+            while True:
+                self.metrics.set_queue_depth(self.router.admission.queued)
+                await asyncio.sleep(self.poll_s)
+
+        self._gauges = asyncio.create_task(refresh())
 
     async def start(self) -> None:
         await self.router.replicas.refresh(timeout=5.0)
@@ -51,6 +66,10 @@ class RouterServer:
         await self.mesh.shutdown(grace_s)
         if self._poller is not None:
             self._poller.cancel()
+        if self._gauges is not None:
+            self._gauges.cancel()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         for c in self.clients:
             await c.close()
 
@@ -78,8 +97,11 @@ async def run(cfg, stop: asyncio.Event) -> None:
     """Serve until `stop` is set, then drain gracefully (health NOT_SERVING, grace period)."""
     server, port = await create_server(cfg)
     await server.start()
+    if cfg.metrics_port is not None:
+        server.serve_metrics(cfg.metrics_port, cfg.host)
     try:
-        print(f"moemesh router_svc: serving {cfg.host}:{port}", flush=True)
+        extra = f" metrics={cfg.host}:{server.metrics_server.port}" if server.metrics_server else ""
+        print(f"moemesh router_svc: serving {cfg.host}:{port}{extra}", flush=True)
         await stop.wait()
     finally:
         await server.shutdown()
