@@ -32,7 +32,7 @@ def ctl(control: str, *args: str) -> dict:
 
 class LiveMesh:
     def __init__(self, model_dir: Path, log_dir: Path, control_flags: dict, expert_flags: dict | None = None,
-                 attention_flags: dict | None = None) -> None:
+                 attention_flags: dict | None = None, router_flags: dict | None = None) -> None:
         self.model_dir = str(model_dir)
         self.log_dir = log_dir
         self.expert_flags = dict(expert_flags or {})
@@ -43,7 +43,7 @@ class LiveMesh:
             self.add_expert()
         self.attention = self._start("attention", "attention", {
             "model_dir": self.model_dir, "control": self.control, "transport": "grpc", "num_threads": 1, **(attention_flags or {})})
-        self.router = self._start("router", "router", {"model_dir": self.model_dir, "attention": self.attention})
+        self.router = self._start("router", "router", {"model_dir": self.model_dir, "attention": self.attention, **(router_flags or {})})
 
     def _start(self, name: str, service: str, flags: dict) -> str:
         child, address = start_service(service, self.log_dir, name=name, **flags)
@@ -63,6 +63,17 @@ class LiveMesh:
             if s["server"]["address"] == self.experts[name]:
                 return s["server"]["server_id"]
         raise KeyError(f"{name} ({self.experts[name]}) is not registered")
+
+    def metrics(self, name: str) -> str:
+        """The /metrics text of child `name` (started with metrics_port 0: its ready line names the port)."""
+        import re
+        import urllib.request
+
+        deadline = time.monotonic() + 10
+        while not (m := re.search(r"serving \S+ .*metrics=(\S+)", self.children[name].log_path.read_text(errors="replace"))):
+            assert time.monotonic() < deadline, f"{name} printed no metrics address"
+            time.sleep(0.1)
+        return urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=10).read().decode()
 
     def kill(self, name: str) -> None:
         """SIGKILL an expert server child."""

@@ -17,8 +17,8 @@ NEW_TOKENS = 8
 def mesh(skewed_model, tmp_path_factory):
     m = LiveMesh(skewed_model, tmp_path_factory.mktemp("live-logs"), {
         "expected_expert_servers": 2, "heartbeat_interval_s": 0.2, "dead_after_s": 3.0, "redundant_experts": 2,
-        "rebalance_min_tokens": 50, "release_timeout_s": 10.0,
-    })
+        "rebalance_min_tokens": 50, "release_timeout_s": 10.0, "metrics_port": 0,
+    }, expert_flags={"metrics_port": 0}, attention_flags={"metrics_port": 0}, router_flags={"metrics_port": 0})
     yield m
     m.stop()
 
@@ -129,3 +129,16 @@ def test_draining_a_server_moves_its_experts_with_no_failed_request(mesh, greedy
     assert_all_equal(w, greedy)
     state = {s["server"]["server_id"]: s for s in st["servers"]}[victim]
     assert state["server"]["state"] == "SERVER_STATE_DRAINING" and state["experts_held"] == 0
+
+
+def test_every_service_exports_prometheus_metrics(mesh):
+    control = mesh.metrics("control")
+    version = int(mesh.status()["placement_version"])
+    assert f'moemesh_placement_version{{service="control"}} {float(version)}' in control
+    assert 'moemesh_placement_balancedness{service="control"}' in control
+    attention = mesh.metrics("attention")
+    steps = next(l for l in attention.splitlines() if l.startswith('moemesh_step_seconds_count{service="attention"}'))
+    assert float(steps.split()[-1]) > 0 and 'moemesh_batch_size_count{service="attention"}' in attention
+    expert = mesh.metrics("expert-proc-1")
+    assert 'moemesh_gpu_available{service="expert"} 0.0' in expert and 'moemesh_expert_tokens_total{' in expert
+    assert 'moemesh_queue_depth{service="router"}' in mesh.metrics("router")
