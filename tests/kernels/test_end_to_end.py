@@ -190,3 +190,22 @@ def test_float32_checkpoint_computes_in_float32_on_the_dequantized_weights(tiny,
     assert out.dtype == torch.float32
     ref = reference(x, ids, counts, w)
     assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_moemesh_run_experts_dtype_flag(tiny):
+    import subprocess
+    import sys
+
+    _, path = tiny
+    ids = ",".join(str(t) for t in prompt()[:12])
+
+    def run(*extra):
+        cmd = [sys.executable, "-m", "moemesh.cli.main", "run", "--model", str(path), "--prompt-ids", ids,
+               "--max-new-tokens", "1", "--temperature", "0", "--json", *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return torch.tensor(json.loads(proc.stdout.strip().splitlines()[-1])["prompt_logprobs"][1:], dtype=torch.float64)
+
+    ref, quantized = run(), run("--experts-dtype", "nvfp4")
+    diff = (quantized - ref).abs().mean().item()
+    assert 0 < diff < MEAN_ABS_BOUND["nvfp4"]
