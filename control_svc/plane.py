@@ -136,7 +136,7 @@ class ControlPlane:
             if not budgets:
                 raise ValueError("no serving expert server to place experts on")
             num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
-            plan = plan_rebalance(self.load() + prior, budgets, view.placement, self.moe_layers, self.policy, num_physical, force)
+            plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force, prior)
             plans.append(plan)
             return None if plan.placement is None else (plan.placement, view.knobs)
 
@@ -205,7 +205,7 @@ class ControlPlane:
                 log.info("moving the experts of %s needs a re-solve: %s", server_id, e)
             budgets = self.budgets()
             num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
-            plan = plan_rebalance(self.load() + 1, budgets, view.placement, self.moe_layers, self.policy, num_physical, force=True)
+            plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force=True, prior=1)
             return None if plan.placement is None else (plan.placement, view.knobs)
 
         await self.switch.switch_with(build)
@@ -253,10 +253,12 @@ class ControlPlane:
 
     # ---- loops -------------------------------------------------------------------------------
     async def reap_forever(self) -> None:
+        """Every heartbeat interval: declare silent servers dead (failover), refresh the metrics."""
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
             for server_id in self.registry.reap(self.dead_after_s):
                 self._fail_over(server_id, f"no heartbeat for {self.dead_after_s}s")
+            self._publish_metrics()  # the load window moves on: keep the balancedness gauge current
 
     async def rebalance_forever(self) -> None:
         """Every `rebalance_interval_s`: refresh the balance metrics and rebalance when worth it."""

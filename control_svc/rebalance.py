@@ -32,13 +32,16 @@ def plan_rebalance(
     policy: RebalancePolicy,
     num_physical: int | None = None,
     force: bool = False,
+    prior: int = 0,
 ) -> RebalancePlan:
-    """load [L, E] (rows = `layers`). Unforced, a plan needs `policy.min_tokens` tokens, a
+    """load [L, E] (rows = `layers`); the solver sees `load + prior` (a prior of a few tokens per
+    expert spreads experts even where nothing was observed). Unforced, a plan needs `policy.min_tokens` tokens, a
     balancedness gain of `policy.min_gain` and at most `policy.max_moves` moves (0 = any); forced,
     any change the solver finds is planned. A current placement naming servers outside `budgets`
     (dead or leaving) is always re-solved."""
     ids = [b.server_id for b in budgets]
     tokens = int(load.sum())
+    load = load + prior
     before = balancedness(load, current, ids, layers)
     lost = [s for s in current.servers() if s not in ids]
     if not force and not lost and tokens < policy.min_tokens:
