@@ -47,3 +47,31 @@ def test_manifests_run_the_image_user_and_entry_point(overlay):
             for c in spec.get("containers", []) + spec.get("initContainers", []):
                 assert c["image"].split("/")[-1].startswith("moemesh:")
                 assert "command" not in c or c["command"][0] in ("moemesh", "sh")
+
+
+def _snapshot(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*")}
+
+
+def test_build_time_stubs_serve_a_read_only_install(tmp_path):
+    """The images' recipe: stubs generated into the installed package at build time (sources from
+    MOEMESH_PROTO_DIR); at run time, with no proto sources beside the package, every service's stubs
+    load and nothing under the package is written (its root filesystem is read-only)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(ROOT / "moemesh", site / "moemesh", ignore=shutil.ignore_patterns("_proto", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "MOEMESH_PROTO_DIR"}
+    env.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
+    build = "from moemesh.rpc.protos import ensure_generated; ensure_generated()"
+    subprocess.run([sys.executable, "-c", build], env={**env, "MOEMESH_PROTO_DIR": str(ROOT / "protos")},
+                   cwd=tmp_path, check=True, timeout=120)
+    assert (site / "moemesh" / "_proto" / "STAMP").is_file() and not (site / "protos").exists()
+    before = _snapshot(site)
+    run = "from moemesh.rpc.protos import load\nfor n in ('control', 'expert', 'tensor'):\n    load(n)\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", run], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert _snapshot(site) == before
