@@ -7,7 +7,8 @@ API for the services (construct one of each per service instance; no globals):
   (CPU int64 counts), `add_all(counts[L,E])`,
   `window() -> [L,E]` tokens in the last `window_s` s (load reports to the control plane, solver
   input), `totals() -> [L,E]` since start.
-- `GpuTelemetry(device_index)` or `GpuTelemetry.for_device("cuda:0" | "cpu")`:
+- `GpuTelemetry(device_index)` or `GpuTelemetry.for_device("cuda:0" | "cpu")` (maps the CUDA
+  ordinal through `CUDA_VISIBLE_DEVICES` to the NVML device, index or UUID):
   `read() -> GpuSample(available, name, utilization, memory_used_bytes, memory_total_bytes,
   power_watts)`; `available=False` (never an exception) without NVML; `close()`.
 - `ServiceMetrics(service, load=counter, gpu=gpu)`: a per-instance `CollectorRegistry`

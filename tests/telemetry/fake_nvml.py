@@ -1,4 +1,4 @@
-"""A stand-in for the `pynvml` module: answers for GPU 0 only, counts init/shutdown calls."""
+"""A stand-in for the `pynvml` module: answers for GPU 0 (UUID GPU-0a1b) only, counts init/shutdown calls."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -20,6 +20,11 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int):
         if index != 0:
             raise RuntimeError("Invalid Argument")
+        return "gpu0"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str):
+        if uuid != "GPU-0a1b":
+            raise RuntimeError("Not Found")
         return "gpu0"
 
     def nvmlDeviceGetName(self, handle) -> bytes:

@@ -40,9 +40,21 @@ def test_real_pynvml_on_this_machine_never_raises():
 
 
 def test_for_device():
-    assert GpuTelemetry.for_device("cuda:2").device_index == 2
-    assert GpuTelemetry.for_device("cuda").device_index == 0
+    assert GpuTelemetry.for_device("cuda:2", env={}).device_index == 2
+    assert GpuTelemetry.for_device("cuda", env={}).device_index == 0
     cpu = GpuTelemetry.for_device("cpu", FakeNvml())
     assert cpu.device_index is None and not cpu.read().available
     with pytest.raises(ValueError, match="device_index"):
         GpuTelemetry(-1)
+
+
+def test_for_device_maps_cuda_visible_devices():
+    # CUDA ordinal 1 under CUDA_VISIBLE_DEVICES=3,0 is NVML device 0
+    assert GpuTelemetry.for_device("cuda:1", env={"CUDA_VISIBLE_DEVICES": "3,0"}).device_index == 0
+    assert GpuTelemetry.for_device("cuda:1", FakeNvml(), env={"CUDA_VISIBLE_DEVICES": "3,0"}).read().available
+    assert not GpuTelemetry.for_device("cuda:0", FakeNvml(), env={"CUDA_VISIBLE_DEVICES": "3,0"}).read().available
+    by_uuid = GpuTelemetry.for_device("cuda:0", FakeNvml(), env={"CUDA_VISIBLE_DEVICES": "GPU-0a1b"})
+    assert by_uuid.uuid == "GPU-0a1b" and by_uuid.read().name == "NVIDIA H200"
+    hidden = GpuTelemetry.for_device("cuda:2", FakeNvml(), env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert hidden.device_index is None and not hidden.read().available
+    assert not GpuTelemetry.for_device("cuda:0", FakeNvml(), env={"CUDA_VISIBLE_DEVICES": ""}).read().available
