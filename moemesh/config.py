@@ -96,7 +96,14 @@ class ModelConfig:
         if not archs:
             raise ConfigError("config.json has no 'architectures' entry")
         spec = get_architecture(archs[0])
-        return spec.parse_config(raw, generation or {})
+        try:
+            return spec.parse_config(raw, generation or {})
+        except KeyError as e:
+            raise ConfigError(f"config.json for {archs[0]} lacks the field {e.args[0]!r}") from e
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"config.json for {archs[0]} has a malformed field: {e}") from e
 
 
 def read_json(path: Path, required: bool) -> dict[str, Any]:

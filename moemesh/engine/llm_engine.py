@@ -177,8 +177,17 @@ class LLMEngine:
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} prompts")
         ids = [f"generate-{uuid.uuid4().hex}" for _ in prompts]
         state = {rid: {"tokens": [], "logprobs": [], "prompt_logprobs": None, "reason": None} for rid in ids}
-        for rid, prompt, p in zip(ids, prompts, plist):
-            self.add_request(rid, prompt, p)
+        added: list[str] = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, plist):
+                self.add_request(rid, prompt, p)
+                added.append(rid)
+        except ValueError:
+            for rid in added:  # all or nothing: do not leave earlier prompts running
+                self.abort(rid)
+            with self._lock:
+                self._pending = [o for o in self._pending if o.request_id not in added]
+            raise
         remaining = set(ids)
         while remaining:
             for out in self.step():

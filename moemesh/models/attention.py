@@ -69,16 +69,19 @@ def attention(
     b = meta.num_decode
     decoded = None
     if b:
-        kk = k_cache[meta.decode_block_tables].view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
-        vv = v_cache[meta.decode_block_tables].view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
-        qq = q[:b].unsqueeze(2)  # [B, NH, 1, D]
+        blocks = meta.decode_block_tables.view(-1)  # [B*NB]
+        kk = k_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
+        vv = v_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
+        # One query token per sequence: the NH/KVH query heads sharing a key/value head become that
+        # head's "query rows" (head h reads kv head h // (NH/KVH), as transformers' repeat_kv does).
+        qq = q[:b].reshape(b, kvh, nh // kvh, d)  # [B, KVH, NH/KVH, D]
         mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
-        decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)  # [B, NH, 1, D]
+        decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)  # [B, KVH, NH/KVH, D]
         if not meta.prefills:
             return decoded.reshape(b, nh * d) @ w.o.t()  # [T, H]
     out = torch.empty(t, nh, d, dtype=x.dtype)  # [T, NH, D]
     if decoded is not None:
-        out[:b] = decoded.squeeze(2)
+        out[:b] = decoded.reshape(b, nh, d)
     for start, n in meta.prefills:
         qq = q[start : start + n].transpose(0, 1)  # [NH, n, D]
         kk = k[start : start + n].transpose(0, 1)  # [KVH, n, D]

@@ -58,3 +58,11 @@ def test_scaled_rope_is_refused_by_the_model(tiny_ckpt):
     assert cfg.rope_scaling["rope_type"] == "yarn"
     with pytest.raises(ValueError, match="rope_scaling.*yarn"):
         MixtralForCausalLM(cfg, CheckpointReader(path), __import__("torch").float32)
+
+
+def test_missing_required_field_is_named(tiny_ckpt):
+    path, _ = tiny_ckpt("mixtral")
+    raw = json.loads((path / "config.json").read_text())
+    del raw["hidden_size"]
+    with pytest.raises(ConfigError, match="lacks the field 'hidden_size'"):
+        ModelConfig.from_dicts(raw)

@@ -160,3 +160,11 @@ def test_add_request_validation(tiny_ckpt):
     e.add_request("a", [1, 2], GREEDY)
     with pytest.raises(ValueError, match="already in use"):
         e.add_request("a", [1, 2], GREEDY)
+
+
+def test_generate_is_all_or_nothing_on_bad_input(tiny_ckpt):
+    path, _ = tiny_ckpt("mixtral")
+    e = engine(path)
+    with pytest.raises(ValueError, match="vocabulary"):
+        e.generate([PROMPTS[0], [9999]], GREEDY)
+    assert not e.has_unfinished() and e.num_free_blocks == e.kv.allocator.num_blocks
