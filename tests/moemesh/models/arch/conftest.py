@@ -59,10 +59,24 @@ NATIVE = {
 
 
 @pytest.fixture(scope="session")
-def native_checkpoint(request, tmp_path_factory):
-    """(format, quantized dir, dequantized-reference dir, unquantized transformers model, unquantized dir)."""
-    arch, overrides, writer = NATIVE[request.param]
-    root = tmp_path_factory.mktemp(f"native_{request.param}")
-    src, model = make_checkpoint(arch, root / "src", **overrides)
-    qdir, deq_dir = writer(src, root / "quantized")
-    return request.param, qdir, deq_dir, model, src
+def build_native(tmp_path_factory):
+    """format -> (format, quantized dir, dequantized-reference dir, unquantized transformers model,
+    unquantized dir), each built at most once per session."""
+    built = {}
+
+    def get(fmt: str):
+        if fmt not in built:
+            arch, overrides, writer = NATIVE[fmt]
+            root = tmp_path_factory.mktemp(f"native_{fmt}")
+            src, model = make_checkpoint(arch, root / "src", **overrides)
+            qdir, deq_dir = writer(src, root / "quantized")
+            built[fmt] = (fmt, qdir, deq_dir, model, src)
+        return built[fmt]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def native_checkpoint(request, build_native):
+    """Indirectly parametrized with a NATIVE format."""
+    return build_native(request.param)
