@@ -32,6 +32,7 @@ class Load:
     free_blocks: int
     total_blocks: int
     serving: bool
+    accepted: int
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class AttentionReplica:
 
     def load(self) -> Load:
         alloc = self.engine.kv.allocator
-        return Load(self.loop.waiting, self.loop.running, alloc.num_free, alloc.num_blocks, self.serving)
+        return Load(self.loop.waiting, self.loop.running, alloc.num_free, alloc.num_blocks, self.serving, self.loop.accepted)
 
     def sampling_params(self, req: SequenceRequest) -> SamplingParams:
         """The client's fields over the engine's defaults; an unset max_new_tokens is capped by the context."""

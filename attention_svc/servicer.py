@@ -50,7 +50,7 @@ class AttentionServicer(pb_grpc.AttentionServicer):
         load = self.replica.load()
         return pb.LoadReport(
             waiting=load.waiting, running=load.running, free_blocks=load.free_blocks,
-            total_blocks=load.total_blocks, serving=load.serving,
+            total_blocks=load.total_blocks, serving=load.serving, accepted=load.accepted,
         )
 
     async def GetReplicaInfo(self, request, context):

@@ -31,6 +31,7 @@ class StepLoop:
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
         self.steps = 0
+        self.accepted = 0  # sequences handed to add() since start
 
     # ---- called by request handlers (event loop thread) -----------------------------------
     def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> asyncio.Queue:
@@ -39,6 +40,7 @@ class StepLoop:
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         self._adds.append((request_id, list(prompt_token_ids), params))
+        self.accepted += 1
         self._wake.set()
         return queue
 

@@ -73,7 +73,7 @@ class AttentionClient:
 
     async def get_load(self, timeout: float) -> LoadReport:
         r = await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
-        return LoadReport(r.waiting, r.running, r.free_blocks, r.total_blocks, r.serving)
+        return LoadReport(r.waiting, r.running, r.free_blocks, r.total_blocks, r.serving, r.accepted)
 
     async def get_info(self, timeout: float, name: str = "") -> tuple[ModelInfo, str]:
         """The replica's model limits (named `name`, default the model directory's name) and model dir."""

@@ -30,9 +30,9 @@ class Router:
 
     async def generate(self, req: GenerationInput, timeout: float | None = None) -> AsyncIterator[Delta | Finished]:
         spec = self.preparer.prepare(req)
-        if spec.request_id in self._placed:
-            raise RequestError("ALREADY_EXISTS", f"request_id: {spec.request_id!r} is already running")
         async with self.admission.slot():
+            if spec.request_id in self._placed:
+                raise RequestError("ALREADY_EXISTS", f"request_id: {spec.request_id!r} is already running")
             replica = self.replicas.pick()
             self._placed[spec.request_id] = replica
             try:

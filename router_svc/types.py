@@ -65,6 +65,7 @@ class LoadReport:
     free_blocks: int = 0
     total_blocks: int = 0
     serving: bool = True
+    accepted: int = 0
 
     @property
     def sequences(self) -> int:

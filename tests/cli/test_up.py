@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from tests.e2e.helpers import generate_json, run_json
+from tests.e2e.helpers import attention_load, generate_json, run_json
 
 LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+)$")
 
@@ -29,6 +29,22 @@ def start_up(model_dir, tmp_path, *extra):
     return proc, m.group(1), m.group(2)
 
 
+def spread_over_replicas(router: str, replicas: list[psutil.Process]) -> None:
+    """Concurrent requests land on both attention replicas (least loaded first)."""
+    import grpc
+
+    from router_svc.client import build_request
+    from tests.e2e.helpers import gen_grpc
+
+    addresses = [f"127.0.0.1:{p.cmdline()[p.cmdline().index('--port') + 1]}" for p in replicas]
+    with grpc.insecure_channel(router) as ch:
+        stub = gen_grpc.GenerationStub(ch)
+        streams = [stub.Generate(build_request(prompt_token_ids=[5 + i, 6, 7], max_new_tokens=20), timeout=120) for i in range(8)]
+        assert all(list(s)[-1].finish_reason for s in streams)
+    accepted = [attention_load(a).accepted for a in addresses]
+    assert all(n >= 2 for n in accepted), accepted
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
@@ -43,12 +59,14 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 10) -> None:
 
 
 def test_up_serves_and_sigterm_stops_every_process(tiny_model_dir, tmp_path):
-    proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "2")
+    proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "2", "--attention-replicas", "2")
     try:
         children = descendants(proc.pid)
-        assert len([c for c in children if "serve" in c.cmdline()]) == 5  # control, 2 experts, attention, router
+        serving = [c for c in children if "serve" in c.cmdline()]
+        assert len(serving) == 6  # control, 2 experts, 2 attention replicas, router
         args = ["--prompt", "Hello", "--max-new-tokens", "6"]
         assert generate_json(router, *args) == run_json("--model", str(tiny_model_dir), *args)
+        spread_over_replicas(router, [c for c in serving if "attention" in c.cmdline()])
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert_all_gone(children)

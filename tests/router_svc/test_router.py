@@ -104,3 +104,14 @@ def test_sampling_reaches_the_replica(info, tokenizer):
     s = SamplingSpec(max_new_tokens=3, temperature=0.0, top_p=0.9, top_k=5, seed=1, logprobs=True, ignore_eos=True)
     asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,), sampling=s)))
     assert fake.specs[0].sampling == s
+
+
+def test_sequences_spread_over_replicas(info, tokenizer):
+    a, b = FakeAttention(range(10, 30), delay_s=0.001), FakeAttention(range(10, 30), delay_s=0.001)
+    router = Router(info, ReplicaSet([Replica("a", a), Replica("b", b)]), Admission(8, 8), tokenizer)
+
+    async def main():
+        await asyncio.gather(*(collect(router, GenerationInput(prompt_token_ids=(5,))) for _ in range(6)))
+
+    asyncio.run(main())
+    assert (len(a.specs), len(b.specs)) == (3, 3)
