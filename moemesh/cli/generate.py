@@ -52,7 +52,7 @@ def generate(ns: argparse.Namespace, prompt_ids) -> int:
         stub = pb_grpc.GenerationStub(channel)
         prompt = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else {"prompt": ns.prompt}
         if prompt_ids is None and not ns.raw_prompt:
-            info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=ns.timeout or 30, wait_for_ready=True)
+            info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=ns.timeout or 30)
             if info.has_chat_template:
                 prompt = {"messages": [("user", ns.prompt)]}
         req = build_request(
@@ -60,7 +60,7 @@ def generate(ns: argparse.Namespace, prompt_ids) -> int:
             top_k=ns.top_k, seed=ns.seed, stop=ns.stop, logprobs=ns.json, prompt_logprobs=ns.json, model=ns.model,
         )
         done = Completion()
-        for resp in stub.Generate(req, timeout=ns.timeout, wait_for_ready=True):
+        for resp in stub.Generate(req, timeout=ns.timeout):
             delta = done.add(resp)
             if not ns.json:
                 sys.stdout.write(delta if delta or resp.finish_reason else "")

@@ -9,11 +9,11 @@ def test_bad_prompt_ids_are_a_usage_error(capsys):
     assert "--prompt-ids must be comma-separated integers" in capsys.readouterr().err
 
 
-def test_unreachable_router_reports_the_status(capsys):
+def test_unreachable_router_fails_fast_with_the_status(capsys):
     from moemesh.launcher.ports import free_port
 
-    assert main(["generate", "--addr", f"127.0.0.1:{free_port()}", "--prompt-ids", "1,2", "--timeout", "0.5"]) == 1
-    assert "moemesh generate: error: DEADLINE_EXCEEDED" in capsys.readouterr().err
+    assert main(["generate", "--addr", f"127.0.0.1:{free_port()}", "--prompt", "hi"]) == 1
+    assert "moemesh generate: error: UNAVAILABLE" in capsys.readouterr().err
 
 
 def test_generate_accepts_the_sampling_flags_of_run():
