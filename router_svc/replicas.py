@@ -44,8 +44,9 @@ class ReplicaSet:
         self.replicas = replicas
         self._turn = itertools.count()
 
-    def pick(self) -> Replica:
-        live = [r for r in self.replicas if r.available]
+    def pick(self, exclude: set[str] = frozenset()) -> Replica:
+        """The least-loaded available replica whose address is not in `exclude`."""
+        live = [r for r in self.replicas if r.available and r.address not in exclude]
         if not live:
             raise RequestError("UNAVAILABLE", "attention: no attention replica is available; retry later")
         start = next(self._turn) % len(live)

@@ -1,7 +1,8 @@
 """`Router`: the request path of the front door, independent of gRPC.
 
-    prepare (validate, tokenize) -> admission slot -> least-loaded replica -> stream its tokens
-    through the detokenizer and stop strings -> final message
+    prepare (validate, tokenize) -> admission slot -> least-loaded replica (the next one if it is
+    unavailable before the first token) -> stream its tokens through the detokenizer and stop
+    strings -> final message
 
 Leaving the stream early (client cancel, deadline, stop string) closes the replica's stream, which
 aborts the sequence there and frees its KV blocks.
@@ -16,7 +17,7 @@ from router_svc.errors import RequestError
 from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
 from router_svc.replicas import ReplicaSet
-from router_svc.types import Delta, Finished, GenerationInput, ModelInfo
+from router_svc.types import Delta, Finished, GenerationInput, ModelInfo, SequenceSpec, SequenceUpdate
 
 
 class Router:
@@ -33,31 +34,49 @@ class Router:
         async with self.admission.slot():
             if spec.request_id in self._placed:
                 raise RequestError("ALREADY_EXISTS", f"request_id: {spec.request_id!r} is already running")
-            replica = self.replicas.pick()
+            try:
+                out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
+                finish = ""
+                async with aclosing(self._updates(spec, timeout)) as updates:
+                    async for update in updates:
+                        delta = out.push(update)
+                        if delta is not None:
+                            yield delta
+                        if out.stopped:
+                            finish = "stop"
+                            break
+                        if update.finish_reason:
+                            finish = update.finish_reason
+                            break
+                if not finish:
+                    raise RequestError("UNAVAILABLE", "attention: the replica ended the stream early")
+                tail = out.tail()
+                if tail:
+                    yield Delta(text=tail, token_ids=())
+                yield out.finish(finish)
+            finally:
+                self._placed.pop(spec.request_id, None)
+
+    async def _updates(self, spec: SequenceSpec, timeout: float | None) -> AsyncIterator[SequenceUpdate]:
+        """The sequence's updates from the least-loaded replica. A replica that is UNAVAILABLE before
+        its first update (draining, down) is marked so and the next one is tried."""
+        tried: set[str] = set()
+        while True:
+            replica = self.replicas.pick(exclude=tried)
             self._placed[spec.request_id] = replica
+            started = False
             try:
                 with self.replicas.track(replica):
-                    out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
-                    finish = ""
                     async with aclosing(replica.client.generate(spec, timeout)) as updates:
                         async for update in updates:
-                            delta = out.push(update)
-                            if delta is not None:
-                                yield delta
-                            if out.stopped:
-                                finish = "stop"
-                                break
-                            if update.finish_reason:
-                                finish = update.finish_reason
-                                break
-                    if not finish:
-                        raise RequestError("UNAVAILABLE", f"attention: replica {replica.address} ended the stream early")
-                    tail = out.tail()
-                    if tail:
-                        yield Delta(text=tail, token_ids=())
-                    yield out.finish(finish)
-            finally:
-                del self._placed[spec.request_id]
+                            started = True
+                            yield update
+                return
+            except RequestError as exc:
+                if started or exc.code != "UNAVAILABLE":
+                    raise
+                self.replicas.mark_unavailable(replica)
+                tried.add(replica.address)
 
     async def abort(self, request_id: str) -> bool:
         """Stops a running request; its stream ends with finish_reason "abort". False if unknown."""

@@ -7,8 +7,8 @@ from router_svc.types import LoadReport, SequenceUpdate
 
 
 class FakeAttention:
-    def __init__(self, tokens, finish_reason="length", delay_s=0.0, prompt_logprobs=()):
-        self.address = "fake"
+    def __init__(self, tokens, finish_reason="length", delay_s=0.0, prompt_logprobs=(), address="fake"):
+        self.address = address
         self.tokens = list(tokens)
         self.finish_reason = finish_reason
         self.delay_s = delay_s
@@ -52,3 +52,14 @@ class FakeAttention:
 
     async def get_load(self, timeout):
         return LoadReport()
+
+
+class DownAttention(FakeAttention):
+    """A replica that refuses every sequence as UNAVAILABLE (draining or down)."""
+
+    async def generate(self, spec, timeout):
+        from router_svc.errors import RequestError
+
+        self.specs.append(spec)
+        raise RequestError("UNAVAILABLE", "attention: this replica is shutting down")
+        yield  # an async generator, like the real client

@@ -115,3 +115,26 @@ def test_sequences_spread_over_replicas(info, tokenizer):
 
     asyncio.run(main())
     assert (len(a.specs), len(b.specs)) == (3, 3)
+
+
+def test_unavailable_replica_before_the_first_token_is_skipped(info, tokenizer):
+    from tests.router_svc.fakes import DownAttention
+
+    down, up = DownAttention([], address="down"), FakeAttention([10, 11], address="up")
+    replicas = ReplicaSet([Replica("down", down), Replica("up", up)])
+    router = Router(info, replicas, Admission(4, 4), tokenizer)
+    for _ in range(3):
+        items = asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
+        assert items[-1].finish_reason == "length"
+    assert len(down.specs) <= 1 and len(up.specs) == 3
+    assert not replicas.replicas[0].available
+
+
+def test_all_replicas_unavailable_is_unavailable(info, tokenizer):
+    from tests.router_svc.fakes import DownAttention
+
+    router = Router(info, ReplicaSet([Replica("a", DownAttention([], address="a")), Replica("b", DownAttention([], address="b"))]),
+                    Admission(4, 4), tokenizer)
+    with pytest.raises(RequestError) as e:
+        asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
+    assert e.value.code == "UNAVAILABLE"
