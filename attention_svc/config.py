@@ -11,7 +11,7 @@ class AttentionConfig:
     """An attention replica: the model's non-expert half, with experts on the mesh's expert servers."""
 
     model_dir: str = field(default="", metadata={"help": "Hugging Face model directory"})
-    control: str = field(default="", metadata={"help": "control plane HOST:PORT (empty = compute experts in this process)"})
+    control_addr: str = field(default="", metadata={"help": "control plane HOST:PORT (empty = compute experts in this process)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
     transport: str = field(default="grpc", metadata={"help": "expert transport", "choices": ("grpc", "dist")})

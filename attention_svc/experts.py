@@ -30,7 +30,7 @@ class ExpertBackend:
 
 
 async def open_experts(cfg: AttentionConfig) -> ExpertBackend:
-    if not cfg.control:
+    if not cfg.control_addr:
         return ExpertBackend()
     from attention_svc.remote_backend import open_remote_experts
 

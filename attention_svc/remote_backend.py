@@ -88,7 +88,7 @@ def engine_knob_setter(engine) -> Callable[[RoutingKnobs], None]:
 class RemoteBackend(ExpertBackend):
     def __init__(self, cfg: AttentionConfig) -> None:
         self.cfg = cfg
-        self.channel = make_channel(cfg.control, cfg.rpc)
+        self.channel = make_channel(cfg.control_addr, cfg.rpc)
         self.stub = control_grpc.ControlServiceStub(self.channel)
         self.io = LoopThread("attention-experts")
         self.compute: FailoverExperts | None = None
@@ -107,7 +107,7 @@ class RemoteBackend(ExpertBackend):
             first = await asyncio.wait_for(self._first_placement(updates), FIRST_PLACEMENT_TIMEOUT_S)
         except asyncio.TimeoutError:
             updates.cancel()
-            raise RuntimeError(f"control: no expert placement from {self.cfg.control} within {FIRST_PLACEMENT_TIMEOUT_S:.0f}s")
+            raise RuntimeError(f"control_addr: no expert placement from {self.cfg.control_addr} within {FIRST_PLACEMENT_TIMEOUT_S:.0f}s")
         transport_for = functools.partial(open_inference_transport, mode=self.cfg.transport, rpc=self.cfg.rpc, loop=self.io)
         self._loop = asyncio.get_running_loop()
         self.compute = FailoverExperts(RemoteExperts(*first, transport_for=transport_for), self._report_failure, self.cfg.failover_timeout_s)
@@ -119,7 +119,7 @@ class RemoteBackend(ExpertBackend):
             if placement.version >= 1:
                 self._knobs[placement.version] = knobs_from_proto(msg.knobs)
                 return placement, servers
-        raise RuntimeError(f"control: {self.cfg.control} closed the placement stream before placing any expert")
+        raise RuntimeError(f"control_addr: {self.cfg.control_addr} closed the placement stream before placing any expert")
 
     async def _follow(self, updates) -> None:
         try:

@@ -95,7 +95,7 @@ class Mesh:
             self._wait(experts)
             attention = [
                 self._spawn(f"attention-{i}", "attention", {
-                    "model_dir": s.model_dir, "control": self.control_addr, "transport": s.transport,
+                    "model_dir": s.model_dir, "control_addr": self.control_addr, "transport": s.transport,
                     "num_threads": s.attention_threads or None,
                 })
                 for i in range(s.attention_replicas)

@@ -6,7 +6,7 @@ import pytest
 from moemesh.cli.main import build_parser, main
 
 
-@pytest.mark.parametrize("service, flag", [("router", "--attention"), ("attention", "--model-dir"),
+@pytest.mark.parametrize("service, flag", [("router", "--attention"), ("attention", "--control-addr"),
                                            ("expert", "--control-addr"), ("control", "--expected-expert-servers")])
 def test_each_service_has_its_config_flags(service, flag, capsys):
     with pytest.raises(SystemExit):
