@@ -135,7 +135,7 @@ def main() -> int:
         for i in range(args.expert_servers):
             start(children, log_dir, f"expert-{i}", "expert", {"model_dir": args.model, "control_addr": control, "transport": "grpc",
                                                                "load_window_s": args.phase_s}, args.start_timeout_s)
-        attention = start(children, log_dir, "attention", "attention", {"model_dir": args.model, "control": control}, args.start_timeout_s)
+        attention = start(children, log_dir, "attention", "attention", {"model_dir": args.model, "control_addr": control}, args.start_timeout_s)
         router = start(children, log_dir, "router", "router", {"model_dir": args.model, "attention": attention}, args.start_timeout_s)
         with grpc.insecure_channel(control) as ch:
             ctl = control_grpc.ControlServiceStub(ch)

@@ -42,7 +42,7 @@ class LiveMesh:
         for _ in range(int(control_flags.get("expected_expert_servers", 1))):
             self.add_expert()
         self.attention = self._start("attention", "attention", {
-            "model_dir": self.model_dir, "control": self.control, "transport": "grpc", "num_threads": 1, **(attention_flags or {})})
+            "model_dir": self.model_dir, "control_addr": self.control, "transport": "grpc", "num_threads": 1, **(attention_flags or {})})
         self.router = self._start("router", "router", {"model_dir": self.model_dir, "attention": self.attention, **(router_flags or {})})
 
     def _start(self, name: str, service: str, flags: dict) -> str:
