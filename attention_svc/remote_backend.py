@@ -14,11 +14,9 @@ import asyncio
 import contextlib
 import functools
 import logging
-from concurrent.futures import Future
 from typing import Callable
 
 import grpc
-import torch
 
 from attention_svc.config import AttentionConfig
 from attention_svc.experts import ExpertBackend
@@ -33,39 +31,6 @@ from moemesh.transport.dist_transport import open_transport
 log = logging.getLogger(__name__)
 
 FIRST_PLACEMENT_TIMEOUT_S = 300.0
-
-
-class InferenceModeTransport:
-    """Completes an expert transport's futures inside `torch.inference_mode()`.
-
-    `RemoteExperts` copies each server's rows into an output tensor the engine allocated under
-    inference mode, from the done-callback of the transport's future; that callback runs on the
-    transport's thread, which must be in inference mode too for the in-place copy to be allowed.
-    """
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.server_id = inner.server_id
-
-    def forward(self, layer, x, expert_ids, counts, placement_version=0) -> Future:
-        outer: Future = Future()
-
-        def relay(fut: Future) -> None:
-            with torch.inference_mode():
-                try:
-                    outer.set_result(fut.result())
-                except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
-                    outer.set_exception(e)
-
-        self.inner.forward(layer, x, expert_ids, counts, placement_version).add_done_callback(relay)
-        return outer
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def open_inference_transport(peer, **kw) -> InferenceModeTransport:
-    return InferenceModeTransport(open_transport(peer, **kw))
 
 
 def decode_update(msg):
@@ -108,7 +73,7 @@ class RemoteBackend(ExpertBackend):
         except asyncio.TimeoutError:
             updates.cancel()
             raise RuntimeError(f"control_addr: no expert placement from {self.cfg.control_addr} within {FIRST_PLACEMENT_TIMEOUT_S:.0f}s")
-        transport_for = functools.partial(open_inference_transport, mode=self.cfg.transport, rpc=self.cfg.rpc, loop=self.io)
+        transport_for = functools.partial(open_transport, mode=self.cfg.transport, rpc=self.cfg.rpc, loop=self.io)
         self._loop = asyncio.get_running_loop()
         self.compute = FailoverExperts(RemoteExperts(*first, transport_for=transport_for), self._report_failure, self.cfg.failover_timeout_s)
         self._tasks.append(asyncio.create_task(self._follow(updates)))
