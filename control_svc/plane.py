@@ -157,13 +157,11 @@ class ControlPlane:
         """Commit a new version with the same replicas and the changed knobs; returns once every
         live attention replica runs it (or after `release_timeout_s`). ValueError for bad values."""
         self.check_knobs(top_k, capacity_factor, layer)
-        checked: list[RoutingKnobs] = []
 
         def build(view: PlacementView):
             if view.placement.version == 0:
                 raise ValueError("no placement yet: the expert servers have not all registered")
-            checked.append(view.knobs.updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer))
-            return view.placement, checked[-1]
+            return view.placement, view.knobs.updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
 
         view = await self.switch.switch_with(build)
         await self.switch.wait_adopted(view.placement.version, self.cfg.release_timeout_s)
