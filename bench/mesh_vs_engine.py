@@ -10,10 +10,6 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
-
-# Run as a script, this folder is sys.path[0] and bench/kernels.py would shadow the kernels package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 TARGET_RATIO = 0.7
 

@@ -131,7 +131,9 @@ def triton_usable(x: Tensor) -> bool:
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def grouped_expert_mlp(x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights, backend: str = "auto") -> Tensor:
+def grouped_expert_mlp(
+    x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights, backend: str = "auto", *, cache=None
+) -> Tensor:
     """Run each expert's MLP on its contiguous slice of rows.
 
     x [N, H] rows grouped by expert; expert_idx [G] int64 indices into w's E; counts [G] int64,
@@ -139,9 +141,16 @@ def grouped_expert_mlp(x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertW
     Quantized weights are dequantized into x.dtype; accumulation is float32 or better.
     backend: "torch" (any device), "triton" (fused dequantize-in-the-loop kernels; CUDA, or CPU under
     TRITON_INTERPRET=1), "auto" (triton on CUDA tensors when triton is importable, else torch).
+    cache: None (default: nothing kept between calls) or a caller-owned `kernels.DequantizedWeights`,
+    an opt-in store of dequantized weights that the torch backend reads instead of dequantizing again
+    (same outputs; memory for speed). The triton backend dequantizes inside its kernels and ignores it.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    from kernels.dequantized_cache import DequantizedWeights
+
+    if cache is not None and not isinstance(cache, DequantizedWeights):
+        raise ValueError(f"cache: expected None or a DequantizedWeights, got {type(cache).__name__}")
     if x.dim() != 2 or x.shape[1] != w.hidden_size:
         raise ValueError(f"x: expected [N, {w.hidden_size}], got shape {tuple(x.shape)}")
     if expert_idx.dim() != 1 or counts.shape != expert_idx.shape:
@@ -156,4 +165,4 @@ def grouped_expert_mlp(x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertW
         return grouped_expert_mlp_triton(x, expert_idx, counts, w)
     from kernels.grouped_torch import grouped_expert_mlp_torch
 
-    return grouped_expert_mlp_torch(x, expert_idx, counts, w)
+    return grouped_expert_mlp_torch(x, expert_idx, counts, w, cache)

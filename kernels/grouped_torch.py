@@ -1,9 +1,13 @@
 """The torch implementation of the grouped expert MLP (any device; the CPU path).
 
-Per chunk of experts: dequantize their weights into the compute dtype (x.dtype), then one grouped
-matmul per projection over the rows grouped by expert (a bmm when every expert has the same row
-count, else `torch._grouped_mm` with row offsets, which takes zero-row experts). Dense weights already in x.dtype, with experts in ascending order, are used
-in place over all E (no gather, no copy). Nothing is cached between calls.
+Quantized weights: only the experts that receive rows are dequantized, a chunk of them at a time
+(at most DEQUANT_BUDGET_BYTES of dense weights, small enough to stay in the CPU caches between the
+dequantization and the matmul that reads it), one projection at a time, into the compute dtype
+(x.dtype); then one grouped matmul per projection over the chunk's rows (a bmm when every expert has
+the same row count, else `torch._grouped_mm` with row offsets, or a loop for other dtypes). Nothing
+is kept between calls unless the caller passes a `DequantizedWeights` cache (opt-in: memory for
+speed), which then supplies the same dense values. Dense weights already in x.dtype, with experts in
+ascending order, are used in place over all E (no gather, no copy).
 
 Shape legend:
   N rows grouped by expert, G experts in the call (order of expert_idx), E experts held,
@@ -11,12 +15,15 @@ Shape legend:
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
+from kernels.dequantized_cache import DequantizedWeights
 from kernels.experts import ExpertWeights, apply_activation, dequantized
 
-DEQUANT_BUDGET_BYTES = 256 * 2**20  # dequantized weights held at once, per call
+DEQUANT_BUDGET_BYTES = 4 * 2**20  # dense weights (gate_up + down) of the experts dequantized at once
 GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -47,14 +54,22 @@ def _row_bias(bias: Tensor | None, experts: Tensor, counts: list[int], dtype: to
     return bias.index_select(0, experts.to(bias.device)).to(dtype).repeat_interleave(reps, dim=0)
 
 
-def _run(x: Tensor, gate_up_t: Tensor, down_t: Tensor, experts: Tensor, counts: list[int], w: ExpertWeights) -> Tensor:
-    """x [n, H]; gate_up_t [g, H, 2I]; down_t [g, I, H] -> [n, H]."""
-    h = _matmul_grouped(x, gate_up_t, counts)  # [n, 2I]
+def _weights(t, dtype: torch.dtype, ids: Tensor, cache: DequantizedWeights | None) -> Tensor:
+    """The experts `ids` [g] of one projection, dense [g, rows, cols] in dtype."""
+    if cache is None:
+        return dequantized(t, dtype, ids)
+    return cache.experts(t, dtype, ids)
+
+
+def _run(x: Tensor, gate_up: Callable[[], Tensor], down: Callable[[], Tensor], experts: Tensor, counts: list[int], w: ExpertWeights) -> Tensor:
+    """x [n, H]; gate_up() -> [g, 2I, H]; down() -> [g, H, I] (called in turn, so that only one
+    projection's dense weights are alive at a time) -> [n, H]."""
+    h = _matmul_grouped(x, gate_up().transpose(1, 2), counts)  # [n, 2I]
     b = _row_bias(w.gate_up_bias, experts, counts, x.dtype)
     if b is not None:
         h = h + b
     h = apply_activation(h, w.activation)  # [n, I]
-    y = _matmul_grouped(h, down_t, counts)  # [n, H]
+    y = _matmul_grouped(h, down().transpose(1, 2), counts)  # [n, H]
     b = _row_bias(w.down_bias, experts, counts, x.dtype)
     return y if b is None else y + b
 
@@ -70,8 +85,11 @@ def _in_place_dense(w: ExpertWeights, dtype: torch.dtype, expert_idx: Tensor) ->
     )
 
 
-def grouped_expert_mlp_torch(x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights) -> Tensor:
-    """x [N, H] grouped by expert; expert_idx [G]; counts [G] -> [N, H] in x.dtype."""
+def grouped_expert_mlp_torch(
+    x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights, cache: DequantizedWeights | None = None
+) -> Tensor:
+    """x [N, H] grouped by expert; expert_idx [G]; counts [G] -> [N, H] in x.dtype.
+    cache: optional caller-owned store of dequantized weights (same values, no per-call dequantize)."""
     counts_list = [int(c) for c in counts.tolist()]
     if any(c < 0 for c in counts_list) or sum(counts_list) != x.shape[0]:
         raise ValueError(f"counts: must be non-negative and sum to N={x.shape[0]}, got {counts_list}")
@@ -85,7 +103,7 @@ def grouped_expert_mlp_torch(x: Tensor, expert_idx: Tensor, counts: Tensor, w: E
         for e, n in zip(experts.tolist(), counts_list):
             full[e] = n
         all_e = torch.arange(w.num_experts, device=x.device)
-        return _run(x, w.gate_up.transpose(1, 2), w.down.transpose(1, 2), all_e, full, w)
+        return _run(x, lambda: w.gate_up, lambda: w.down, all_e, full, w)
     active = [(e, n) for e, n in zip(experts.tolist(), counts_list) if n]
     per_expert = 3 * w.intermediate_size * w.hidden_size * x.element_size()
     chunk = max(1, DEQUANT_BUDGET_BYTES // per_expert)
@@ -96,8 +114,13 @@ def grouped_expert_mlp_torch(x: Tensor, expert_idx: Tensor, counts: Tensor, w: E
         ids = torch.tensor([e for e, _ in part], device=x.device)
         rows = [n for _, n in part]
         n = sum(rows)
-        gate_up = dequantized(w.gate_up, x.dtype, ids)  # [g, 2I, H]
-        down = dequantized(w.down, x.dtype, ids)  # [g, H, I]
-        out[start : start + n] = _run(x[start : start + n], gate_up.transpose(1, 2), down.transpose(1, 2), ids, rows, w)
+
+        def gate_up(ids=ids):
+            return _weights(w.gate_up, x.dtype, ids, cache)  # [g, 2I, H]
+
+        def down(ids=ids):
+            return _weights(w.down, x.dtype, ids, cache)  # [g, H, I]
+
+        out[start : start + n] = _run(x[start : start + n], gate_up, down, ids, rows, w)
         start += n
     return out

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernels.formats.lookup import lookup
+
 E2M1_MAX = 6.0
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Midpoints between consecutive magnitudes; the codes below those marked odd are odd (1, 3, 5),
@@ -40,20 +42,21 @@ def decode_e2m1(codes: Tensor) -> Tensor:
     return lut[(codes & 0x0F).long()]
 
 
+def e2m1_pair_table(dtype: torch.dtype = torch.float32, device=None) -> Tensor:
+    """[256, 2] in dtype: the two values of each byte (element 2i from the low nibble, 2i+1 from the high)."""
+    single = torch.tensor(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=dtype, device=device)
+    return torch.stack([single.repeat(16), single.repeat_interleave(16)], dim=-1)  # byte = lo | hi << 4
+
+
 def decode_packed_e2m1(packed: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """bytes [..., K/2] uint8 -> values [..., K] in dtype (exact for float32/bfloat16/float16).
 
-    One gather per byte from a 256-entry table whose entries are both values of that byte packed in one
-    machine word (two float32 in an int64, two 16-bit floats in an int32), so no separate unpack pass."""
+    One gather per byte from the 256-entry pair table (both values of a byte in one machine word where
+    they fit), so no separate unpack pass."""
     if packed.dtype != torch.uint8:
         raise ValueError(f"packed: expected uint8, got {packed.dtype}")
-    single = torch.tensor(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=dtype, device=packed.device)
-    pairs = torch.stack([single.repeat(16), single.repeat_interleave(16)], dim=-1)  # [256, 2]: byte = lo | hi << 4
-    word = {4: torch.int64, 2: torch.int32}.get(pairs.element_size())
-    if word is None:
-        out = pairs.index_select(0, packed.reshape(-1).int())  # [bytes, 2]
-    else:
-        out = pairs.view(word).reshape(256).index_select(0, packed.reshape(-1).int()).view(dtype)  # [bytes * 2]
+    pairs = e2m1_pair_table(dtype, packed.device).unsqueeze(0)  # [1, 256, 2]
+    out = lookup(pairs, packed.to(torch.int32))  # [..., K/2, 2]
     return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 

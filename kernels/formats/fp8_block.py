@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows, pad_last
+from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows
+from kernels.formats.lookup import keyed_index, lookup
 
 FP8_MAX = 448.0
 DEFAULT_BLOCK = (128, 128)
@@ -73,16 +74,25 @@ class FP8BlockExperts:
         return (rows // seg_rows) * per_seg + (rows % seg_rows) // self.block[0]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
-        """-> [E', N, K] in dtype: weight * scale in float32, then cast. The bytes are widened through a
-        256-entry table (torch's own e4m3 -> float32 values; faster than the cast on CPU)."""
+        """-> [E', N, K] in dtype: weight * scale in float32, then cast. One gather from a table keyed by
+        (expert, block, byte) holding the finished value (torch's e4m3 -> float32 value times the block's
+        multiplier, cast to dtype)."""
         raw = expert_rows(self.weight, experts).view(torch.uint8)  # [E', N, K]
-        table = torch.arange(256, dtype=torch.uint8, device=raw.device).view(torch.float8_e4m3fn).float()
-        w = table.index_select(0, raw.reshape(-1).int()).reshape(raw.shape)  # [E', N, K] float32
-        e, n, k = w.shape
+        s = expert_rows(self.scale, experts)  # [E', NB, KB]
+        e, n, k = raw.shape
+        nb, kb = s.shape[1:]
         bk = self.block[1]
-        s = expert_rows(self.scale, experts)[:, self.row_to_scale_row()]  # [E', N, KB]
-        w = pad_last(w, bk).unflatten(-1, (-1, bk)).mul_(s.unsqueeze(-1))  # [E', N, KB, BK]
-        return w.flatten(-2)[..., :k].to(dtype)
+        values = torch.arange(256, dtype=torch.int32, device=raw.device).to(torch.uint8).view(torch.float8_e4m3fn)
+        table = (values.float() * s.unsqueeze(-1)).to(dtype).reshape(-1, 256, 1)  # [E' * NB * KB, 256, 1]
+        rows = torch.arange(e, device=raw.device)[:, None] * nb + self.row_to_scale_row()  # [E', N]: scale row
+        rows = rows.to(torch.int32) * kb
+        if k % bk == 0:  # whole blocks: the key broadcasts over each block's BK bytes
+            key = rows.unsqueeze(-1) + torch.arange(kb, dtype=torch.int32, device=raw.device)  # [E', N, KB]
+            index = keyed_index(raw.view(e, n, kb, bk), key.unsqueeze(-1))  # [E', N, KB, BK]
+        else:  # a partial edge block: one key per column
+            cols = torch.arange(k, device=raw.device).to(torch.int32) // bk  # [K]
+            index = keyed_index(raw, rows.unsqueeze(-1) + cols)  # [E', N, K]
+        return lookup(table, index).reshape(e, n, k)
 
     def select(self, experts: Tensor) -> "FP8BlockExperts":
         return FP8BlockExperts(expert_rows(self.weight, experts), expert_rows(self.scale, experts), self.block, self.segments)

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, expert_rows, pad_last
-from kernels.formats.e2m1 import decode_packed_e2m1, encode_e2m1, pack_nibbles
+from kernels.formats.e2m1 import e2m1_pair_table, encode_e2m1, pack_nibbles
+from kernels.formats.lookup import byte_span, keyed_index, lookup
 
 BLOCK = 32
 E8M0_BIAS = 127
@@ -64,13 +65,19 @@ class MXFP4Experts:
         return self.blocks.device
 
     def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
-        """-> [E', N, K] in dtype. E2M1 times a power of two is exact in float32 and bfloat16 (same
-        exponent range), so those are produced directly; other dtypes go through float32."""
+        """-> [E', N, K] in dtype: e2m1 * 2^(scale - 127), computed in float32 or bfloat16 (exact in both:
+        same exponent range; other dtypes go through float32), then cast. One gather from a table keyed
+        by (scale byte, packed byte) holding both finished values of that byte."""
+        blocks = expert_rows(self.blocks, experts)  # [E', N, KB, 16]
+        scales = expert_rows(self.scales, experts)  # [E', N, KB]
+        lo, hi = byte_span(scales)
         work = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
-        vals = decode_packed_e2m1(expert_rows(self.blocks, experts), work)  # [E', N, KB, 32]
-        exps = expert_rows(self.scales, experts).to(torch.int32) - E8M0_BIAS  # [E', N, KB]
-        vals.mul_(torch.exp2(exps.float()).to(work).unsqueeze(-1))
-        return vals.flatten(-2)[..., : self.k].to(dtype)
+        exps = torch.arange(lo, hi + 1, dtype=torch.int32, device=blocks.device) - E8M0_BIAS  # [R]
+        mult = torch.exp2(exps.float()).to(work)[:, None, None]  # [R, 1, 1]
+        table = (e2m1_pair_table(work, blocks.device).unsqueeze(0) * mult).to(dtype)  # [R, 256, 2]
+        key = (scales.to(torch.int32) - lo).unsqueeze(-1)  # [E', N, KB, 1]
+        vals = lookup(table, keyed_index(blocks, key))  # [E', N, KB, 16, 2]
+        return vals.reshape(*blocks.shape[:2], -1)[..., : self.k]
 
     def select(self, experts: Tensor) -> "MXFP4Experts":
         return MXFP4Experts(expert_rows(self.blocks, experts), expert_rows(self.scales, experts), self.k, self.segments)

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows, pad_last
-from kernels.formats.e2m1 import E2M1_MAX, decode_packed_e2m1, encode_e2m1, pack_nibbles
+from kernels.formats.e2m1 import E2M1_MAX, e2m1_pair_table, encode_e2m1, pack_nibbles
+from kernels.formats.lookup import byte_span, keyed_index, lookup
 
 BLOCK = 16
 FP8_MAX = 448.0
@@ -83,11 +84,23 @@ class NVFP4Experts:
         return expert_rows(self.weight_scale_2, experts)[:, seg]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None) -> Tensor:
-        """-> [E', N, K] in dtype: e2m1 * (weight_scale * weight_scale_2) in float32, then cast."""
+        """-> [E', N, K] in dtype: e2m1 * (weight_scale * weight_scale_2) in float32, then cast. One gather
+        from a table keyed by (expert, segment, weight_scale byte, packed byte) holding both finished
+        values of that byte."""
         packed = expert_rows(self.weight, experts)  # [E', N, KP/2]
-        vals = decode_packed_e2m1(packed).unflatten(-1, (-1, BLOCK))  # [E', N, KP/16, 16]
-        scale = expert_rows(self.weight_scale, experts).float() * self.row_scale_2(experts).unsqueeze(-1)  # [E', N, KP/16]
-        return vals.mul_(scale.unsqueeze(-1)).flatten(-2)[..., : self.k].to(dtype)
+        ws = expert_rows(self.weight_scale, experts).view(torch.uint8)  # [E', N, KB]
+        s2 = expert_rows(self.weight_scale_2, experts)  # [E', S]
+        e, n, _ = packed.shape
+        lo, hi = byte_span(ws)
+        codes = torch.arange(lo, hi + 1, dtype=torch.int32, device=packed.device).to(torch.uint8)
+        scale = codes.view(torch.float8_e4m3fn).float() * s2.unsqueeze(-1)  # [E', S, R]
+        pairs = e2m1_pair_table(torch.float32, packed.device)  # [256, 2]
+        table = (pairs * scale[..., None, None]).to(dtype).flatten(0, 2)  # [E' * S * R, 256, 2]
+        seg = torch.arange(n, device=packed.device) // (n // self.segments)  # [N]
+        rows = torch.arange(e, device=packed.device)[:, None] * self.segments + seg  # [E', N]
+        key = rows.to(torch.int32).unsqueeze(-1) * (hi - lo + 1) + (ws.to(torch.int32) - lo)  # [E', N, KB]
+        index = keyed_index(packed.view(e, n, -1, BLOCK // 2), key.unsqueeze(-1))  # [E', N, KB, 8]
+        return lookup(table, index).reshape(e, n, -1)[..., : self.k]
 
     def select(self, experts: Tensor) -> "NVFP4Experts":
         inp = None if self.input_scale is None else expert_rows(self.input_scale, experts)
