@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-# bench/ holds other scripts named like packages (bench/kernels.py): import the real packages instead.
+# Run as a script, bench/ is first on sys.path: drop it so no bench script can shadow a package.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 DEMO_SHAPE = dict(
