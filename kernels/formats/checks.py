@@ -49,12 +49,18 @@ def pad_last(x: Tensor, multiple: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, pad)) if pad else x
 
 
-def expert_rows(t: Tensor, experts: Tensor | None) -> Tensor:
+def expert_rows(t: Tensor, experts: Tensor | None, view: bool = False) -> Tensor:
     """t [E, ...] -> t[experts] (all experts when `experts` is None). float8 tensors are gathered as
-    bytes (torch's float8 index_select is a slow generic path on CPU)."""
+    bytes (torch's float8 index_select is a slow generic path on CPU). view=True returns a view of t
+    when the experts are consecutive and ascending (for reading only: a view keeps all of t alive)."""
     if experts is None:
         return t
     idx = experts.to(device=t.device, dtype=torch.long)
+    if view and idx.numel() and idx.dim() == 1:
+        first, n = int(idx[0]), idx.numel()
+        if n == 1 or bool((idx == torch.arange(first, first + n, device=t.device)).all()):
+            if 0 <= first and first + n <= t.shape[0]:
+                return t.narrow(0, first, n)
     if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return t.view(torch.uint8).index_select(0, idx).view(t.dtype)
     return t.index_select(0, idx)

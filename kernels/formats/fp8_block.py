@@ -77,8 +77,8 @@ class FP8BlockExperts:
         """-> [E', N, K] in dtype: weight * scale in float32, then cast. One gather from a table keyed by
         (expert, block, byte) holding the finished value (torch's e4m3 -> float32 value times the block's
         multiplier, cast to dtype)."""
-        raw = expert_rows(self.weight, experts).view(torch.uint8)  # [E', N, K]
-        s = expert_rows(self.scale, experts)  # [E', NB, KB]
+        raw = expert_rows(self.weight, experts, view=True).view(torch.uint8)  # [E', N, K]
+        s = expert_rows(self.scale, experts, view=True)  # [E', NB, KB]
         e, n, k = raw.shape
         nb, kb = s.shape[1:]
         bk = self.block[1]

@@ -68,8 +68,8 @@ class MXFP4Experts:
         """-> [E', N, K] in dtype: e2m1 * 2^(scale - 127), computed in float32 or bfloat16 (exact in both:
         same exponent range; other dtypes go through float32), then cast. One gather from a table keyed
         by (scale byte, packed byte) holding both finished values of that byte."""
-        blocks = expert_rows(self.blocks, experts)  # [E', N, KB, 16]
-        scales = expert_rows(self.scales, experts)  # [E', N, KB]
+        blocks = expert_rows(self.blocks, experts, view=True)  # [E', N, KB, 16]
+        scales = expert_rows(self.scales, experts, view=True)  # [E', N, KB]
         lo, hi = byte_span(scales)
         work = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
         exps = torch.arange(lo, hi + 1, dtype=torch.int32, device=blocks.device) - E8M0_BIAS  # [R]

@@ -87,9 +87,9 @@ class NVFP4Experts:
         """-> [E', N, K] in dtype: e2m1 * (weight_scale * weight_scale_2) in float32, then cast. One gather
         from a table keyed by (expert, segment, weight_scale byte, packed byte) holding both finished
         values of that byte."""
-        packed = expert_rows(self.weight, experts)  # [E', N, KP/2]
-        ws = expert_rows(self.weight_scale, experts).view(torch.uint8)  # [E', N, KB]
-        s2 = expert_rows(self.weight_scale_2, experts)  # [E', S]
+        packed = expert_rows(self.weight, experts, view=True)  # [E', N, KP/2]
+        ws = expert_rows(self.weight_scale, experts, view=True).view(torch.uint8)  # [E', N, KB]
+        s2 = expert_rows(self.weight_scale_2, experts, view=True)  # [E', S]
         e, n, _ = packed.shape
         lo, hi = byte_span(ws)
         codes = torch.arange(lo, hi + 1, dtype=torch.int32, device=packed.device).to(torch.uint8)

@@ -77,3 +77,14 @@ def test_fp8_every_byte_with_block_multipliers(dtype, k):
     got = q.dequantize(dtype, torch.tensor([1, 0]))
     want = want[[1, 0]]
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_expert_rows_views_consecutive_experts_only_when_asked():
+    from kernels.formats.checks import expert_rows
+
+    t = torch.arange(24.0).reshape(4, 6)
+    assert expert_rows(t, torch.tensor([1, 2]), view=True).data_ptr() == t[1].data_ptr()
+    assert expert_rows(t, torch.tensor([1, 2])).data_ptr() != t[1].data_ptr()  # select() must not pin all of t
+    assert torch.equal(expert_rows(t, torch.tensor([2, 1]), view=True), t[[2, 1]])
+    with pytest.raises(IndexError):
+        expert_rows(t, torch.tensor([3, 4]), view=True)
