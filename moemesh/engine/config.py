@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moemesh.engine.device import check_device
+
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 
@@ -17,7 +19,8 @@ class EngineConfig:
     max_num_seqs / max_num_batched_tokens: per-step batch bounds. max_model_len: None = the model's.
     micro_batches: 1, or 2 to interleave two micro-batches layer by layer (ping-pong with remote experts).
     moe_top_k / capacity_factor: initial MoE knobs (None = the model's top-k; 0 = dropless).
-    num_threads: torch intra-op threads (None = leave torch's default)."""
+    num_threads: torch intra-op threads (None = leave torch's default).
+    device: where weights, KV cache and step tensors live: "cpu", "cuda" (the current CUDA device) or "cuda:N"."""
 
     model_dir: str
     dtype: str = "auto"
@@ -31,6 +34,7 @@ class EngineConfig:
     moe_top_k: int | None = None
     capacity_factor: float = 0.0
     num_threads: int | None = None
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -46,6 +50,7 @@ class EngineConfig:
             raise ValueError(f"moe_top_k must be >= 1, got {self.moe_top_k}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        check_device(self.device)
 
     def compute_dtype(self, checkpoint_dtype: torch.dtype) -> torch.dtype:
         if self.dtype == "auto":
