@@ -33,12 +33,16 @@ class BlockAllocator:
 class KVCache:
     """Per layer k, v [NBLK, BS, KVH, D] plus the allocator of their blocks."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    def __init__(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.layers: list[tuple[Tensor, Tensor]] = [
-            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(num_layers)
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
         ]
 
     def blocks_for(self, num_tokens: int) -> int:
