@@ -17,6 +17,7 @@ import torch
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.engine.config import EngineConfig
+from moemesh.engine.device import DeviceReader, on_device, select_device
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.outputs import GenerationResult, StepOutput
 from moemesh.engine.request import Request
@@ -35,19 +36,18 @@ class LLMEngine:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
+        self.device = select_device(config.device)  # the current CUDA device is set before any allocation
         self.model_config = ModelConfig.from_model_dir(config.model_dir)
         cfg = self.model_config
         reader = CheckpointReader(config.model_dir)
         self.dtype = config.compute_dtype(cfg.dtype)
         if config.moe_top_k is not None and config.moe_top_k > cfg.num_experts:
             raise ValueError(f"moe_top_k must be <= num_experts ({cfg.num_experts}), got {config.moe_top_k}")
-        with torch.inference_mode():
-            self.model = get_architecture(cfg.architecture).model_class(cfg, reader, self.dtype)
-            self.experts = expert_compute or LocalExperts.from_checkpoint(reader, cfg, self.dtype, config.experts_dtype)
+        self.model, self.experts = build_model(cfg, reader, self.dtype, self.device, config.experts_dtype, expert_compute)
         self.max_model_len = min(cfg.max_position_embeddings, config.max_model_len or cfg.max_position_embeddings)
         kv_tokens = min(config.kv_cache_tokens, config.max_num_seqs * self.max_model_len)
         num_blocks = -(-kv_tokens // config.block_size)
-        self.kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        self.kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         self.scheduler = Scheduler(self.kv.allocator, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
         self.knobs = MoeKnobs(top_k=config.moe_top_k, capacity_factor=config.capacity_factor)
         self._lock = threading.RLock()
@@ -76,7 +76,7 @@ class LLMEngine:
             stop |= set(self.model_config.eos_token_ids)
         gen = None
         if not params.greedy:
-            gen = torch.Generator()
+            gen = torch.Generator(device=self.device)
             if params.seed is None:
                 gen.seed()
             else:
@@ -118,7 +118,7 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), on_device(self.device):
             outputs, self._pending = self._pending, []
             batch = self.scheduler.schedule()
             if batch.empty:
@@ -206,6 +206,20 @@ class LLMEngine:
             GenerationResult(rid, list(p), s["tokens"], s["logprobs"], s["reason"], s["prompt_logprobs"])
             for rid, p, s in ((rid, p, state[rid]) for rid, p in zip(ids, prompts))
         ]
+
+
+def build_model(
+    cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, device: torch.device,
+    experts_dtype: str | None = None, expert_compute: ExpertCompute | None = None,
+) -> tuple[object, ExpertCompute]:
+    """The model (and, without `expert_compute`, its in-process experts) with every weight and table on
+    `device`: checkpoint tensors are moved there as they are read, factory calls allocate there."""
+    if device.type != "cpu":
+        reader = DeviceReader(reader, device)
+    with torch.inference_mode(), on_device(device):
+        model = get_architecture(cfg.architecture).model_class(cfg, reader, dtype)
+        experts = expert_compute or LocalExperts.from_checkpoint(reader, cfg, dtype, experts_dtype)
+    return model, experts
 
 
 def split_micro_batches(slices: list[SeqSlice], n: int) -> list[list[SeqSlice]]:
