@@ -20,8 +20,8 @@ def byte_span(t: Tensor) -> tuple[int, int]:
     """Smallest and largest byte of a uint8 (or 8-bit float) tensor; (0, 0) when empty."""
     if t.numel() == 0:
         return 0, 0
-    b = t.view(torch.uint8)
-    return int(b.min()), int(b.max())
+    lo, hi = torch.aminmax(t.view(torch.uint8))
+    return int(lo), int(hi)
 
 
 def lookup(table: Tensor, index: Tensor) -> Tensor:
