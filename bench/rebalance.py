@@ -17,6 +17,7 @@ tokens of one request), requests completed and failed; then balancedness and pla
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -40,9 +41,12 @@ PROMPTS = [
 ]
 
 
-def start(children: list[Child], log_dir: Path, name: str, service: str, flags: dict, timeout_s: float) -> str:
+def start(children: list[Child], log_dir: Path, name: str, service: str, flags: dict, timeout_s: float, threads: int) -> str:
+    """One service process; `threads` torch/OpenMP threads (oversubscribed OpenMP threads spin and
+    make GEMM times erratic on a shared machine)."""
     port = free_port()
-    child = Child(name, serve_argv(service, {"host": "127.0.0.1", "port": port, **flags}), log_dir / f"{name}.log")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    child = Child(name, serve_argv(service, {"host": "127.0.0.1", "port": port, **flags}), log_dir / f"{name}.log", env=env)
     children.append(child)
     address = f"127.0.0.1:{port}"
     wait_serving(address, timeout_s, alive=lambda: child.poll() is None)
@@ -109,6 +113,12 @@ def phase_row(name: str, streams: Streams, t0: float, t1: float) -> str:
             f"{done:9d}")
 
 
+def busy(a, b, seconds: float) -> str:
+    """Each expert server's busy seconds between two GetStatus answers, per second."""
+    was = {s.server.server_id: s.busy_seconds for s in a.servers}
+    return " ".join(f"{s.server.server_id}={(s.busy_seconds - was.get(s.server.server_id, 0.0)) / seconds:.2f}" for s in b.servers)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model directory (default: the demo model)")
@@ -120,6 +130,7 @@ def main() -> int:
     ap.add_argument("--phase-s", type=float, default=25.0, help="seconds before and after the rebalance")
     ap.add_argument("--warmup-s", type=float, default=15.0, help="seconds of streaming before the measured phases")
     ap.add_argument("--start-timeout-s", type=float, default=300.0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each expert server and the attention replica")
     args = ap.parse_args()
     if args.model is None:
         from moemesh.demo_model import ensure_demo_model
@@ -131,12 +142,13 @@ def main() -> int:
     try:
         control = start(children, log_dir, "control", "control", {
             "model_dir": args.model, "expected_expert_servers": args.expert_servers, "heartbeat_interval_s": 0.5,
-            "redundant_experts": args.redundant_experts, "rebalance_min_tokens": 1}, args.start_timeout_s)
+            "redundant_experts": args.redundant_experts, "rebalance_min_tokens": 1}, args.start_timeout_s, 1)
         for i in range(args.expert_servers):
             start(children, log_dir, f"expert-{i}", "expert", {"model_dir": args.model, "control_addr": control, "transport": "grpc",
-                                                               "load_window_s": args.phase_s}, args.start_timeout_s)
-        attention = start(children, log_dir, "attention", "attention", {"model_dir": args.model, "control_addr": control}, args.start_timeout_s)
-        router = start(children, log_dir, "router", "router", {"model_dir": args.model, "attention": attention}, args.start_timeout_s)
+                                                               "load_window_s": args.phase_s}, args.start_timeout_s, args.threads)
+        attention = start(children, log_dir, "attention", "attention", {"model_dir": args.model, "control_addr": control,
+                                                                         "num_threads": args.threads}, args.start_timeout_s, args.threads)
+        router = start(children, log_dir, "router", "router", {"model_dir": args.model, "attention": attention}, args.start_timeout_s, 1)
         with grpc.insecure_channel(control) as ch:
             ctl = control_grpc.ControlServiceStub(ch)
             ctl.SetKnobs(control_pb2.SetKnobsRequest(top_k=args.top_k), timeout=120)
@@ -144,6 +156,7 @@ def main() -> int:
             streams.start()
             time.sleep(args.warmup_s)
             t_start = time.monotonic()
+            start_st = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
             time.sleep(args.phase_s)
             before = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
             t_switch = time.monotonic()
@@ -154,12 +167,14 @@ def main() -> int:
                     break
                 time.sleep(0.05)
             t_switched = time.monotonic()
+            switched_st = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
             time.sleep(args.phase_s)
             t_end = time.monotonic()
             after = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
             streams.stop()
         print(f"bench/rebalance: {args.model}, {args.expert_servers} expert servers, top-k {args.top_k}, "
-              f"{args.concurrency} greedy streams x {args.output_len} tokens (CPU, logs in {log_dir})")
+              f"{args.concurrency} greedy streams x {args.output_len} tokens, {args.threads} torch thread(s) per service "
+              f"(CPU, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; logs in {log_dir})")
         print(f"{'phase':<8} {'seconds':>7} {'tokens/s':>10} {'tpot p50':>9} {'tpot p99':>9} {'completed':>9}   (tpot in ms)")
         print(phase_row("before", streams, t_start, t_switch))
         print(phase_row("during", streams, t_switch, t_switched))
@@ -167,6 +182,8 @@ def main() -> int:
         print(f"balancedness (window load, mean/max server load): before {before.balancedness:.3f} on v{before.placement_version}, "
               f"solver's plan {resp.balancedness_after:.3f}, after {after.balancedness:.3f} on v{after.placement_version} "
               f"(switched={resp.switched}, {resp.moves} expert copies loaded{', ' + resp.reason if resp.reason else ''})")
+        print(f"expert servers' compute time per phase second (busy fraction): before {busy(start_st, before, t_switch - t_start)}, "
+              f"after {busy(switched_st, after, t_end - t_switched)}")
         print(f"requests failed: {len(streams.failed)}" + (f" ({streams.failed[:3]})" if streams.failed else ""))
         return 0 if not streams.failed else 1
     finally:
