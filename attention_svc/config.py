@@ -16,6 +16,7 @@ class AttentionConfig:
     port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
     transport: str = field(default="grpc", metadata={"help": "expert transport", "choices": ("grpc", "dist")})
     dtype: str = field(default="auto", metadata={"help": "compute dtype", "choices": ("auto", "float32", "bfloat16")})
+    device: str = field(default="cpu", metadata={"help": "where weights, KV cache and steps live: cpu, cuda or cuda:N"})
     experts_dtype: str = field(default="", metadata={"help": "expert weight format when computed in process (empty = as stored)"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
     kv_cache_tokens: int = field(default=8192, metadata={"help": "KV cache capacity in tokens"})
@@ -37,6 +38,10 @@ class AttentionConfig:
             raise ValueError(f"metrics_port must be in [0, 65535] (or unset), got {self.metrics_port}")
         if self.failover_timeout_s <= 0:
             raise ValueError(f"failover_timeout_s must be > 0, got {self.failover_timeout_s}")
+        from moemesh.engine.device import device_format_error
+
+        if device_format_error(self.device):
+            raise ValueError(device_format_error(self.device))
         if self.max_model_len < 0 or self.num_threads < 0:
             raise ValueError("max_model_len and num_threads must be >= 0")
 
@@ -54,4 +59,5 @@ class AttentionConfig:
             max_model_len=self.max_model_len or None,
             micro_batches=self.micro_batches,
             num_threads=self.num_threads or None,
+            device=self.device,
         )

@@ -43,7 +43,9 @@ class AttentionServer:
 
 async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
     from moemesh.engine import LLMEngine
+    from moemesh.engine.device import select_device
 
+    select_device(cfg.device)  # the CUDA device is current before the expert links or the engine allocate
     experts = await open_experts(cfg)
     engine = await asyncio.to_thread(LLMEngine, cfg.engine_config(), experts.compute)
     metrics = ServiceMetrics("attention")
