@@ -30,6 +30,7 @@ class RunArgs:
     micro_batches: int
     threads: int | None
     json: bool
+    device: str = "cpu"
 
 
 def register(subparsers) -> None:
@@ -50,6 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto", help="compute dtype (auto = checkpoint's)")
     p.add_argument("--micro-batches", type=int, choices=(1, 2), default=1, help="interleave two micro-batches per layer")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", metavar="DEV", help="cpu (default), cuda or cuda:N")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.set_defaults(func=run)
 
@@ -82,6 +84,7 @@ def to_run_args(ns: argparse.Namespace) -> RunArgs:
         micro_batches=ns.micro_batches,
         threads=ns.threads,
         json=ns.json,
+        device=ns.device,
     )
 
 
@@ -137,6 +140,7 @@ def generate(args: RunArgs) -> int:
             capacity_factor=args.capacity_factor,
             micro_batches=args.micro_batches,
             num_threads=args.threads,
+            device=args.device,
             max_num_seqs=1,
             kv_cache_tokens=len(prompt) + args.max_new_tokens,
             max_num_batched_tokens=max(len(prompt), 1),

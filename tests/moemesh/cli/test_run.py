@@ -74,6 +74,7 @@ def test_chat_prompt_streams_text_and_json_agrees(chat_model):
         (["--prompt-ids", "1,2", "--top-p", "0"], "top_p"),
         (["--prompt-ids", ",".join(["3"] * 300), "--max-new-tokens", "4"], "context"),
         (["--prompt-ids", "1,x"], "--prompt-ids"),
+        (["--prompt-ids", "1,2", "--device", "gpu"], "device"),
     ],
 )
 def test_bad_input_is_one_clear_line(tiny_ckpt, args, needle):
