@@ -16,7 +16,7 @@
   own PodDisruptionBudget and HorizontalPodAutoscaler;
 - every `MOEMESH_<SERVICE>_<FIELD>` a manifest sets (env or an envFrom ConfigMap) names a field
   the service's config dataclass accepts (`moemesh serve` derives the same names), with a value
-  that field can read;
+  that field can read (a `*_DEVICE` value is `cpu`, `cuda` or `cuda:N`);
 - each `moemesh serve <service>` container binds 0.0.0.0 on the port its container and probes
   declare; a port named `metrics` is the service's `metrics_port` field's value and some
   NetworkPolicy admits it; Service target ports exist on the selected pods; the internal NetworkPolicy admits
@@ -245,6 +245,7 @@ def check_pools(objs: list[Obj], **_) -> list[str]:
 
 
 def check_env_keys(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list[str]:
+    from moemesh.engine.device import device_format_error
     from moemesh.svc_config import ConfigValueError, convert
 
     out = []
@@ -270,6 +271,8 @@ def check_env_keys(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> l
                 convert(fields[service][field], value, key)
             except ConfigValueError as e:
                 out.append(f"{where}: {e}")
+            if field == "device" and device_format_error(value):
+                out.append(f"{where}: {key}: {device_format_error(value)}")
     return out
 
 

@@ -32,6 +32,8 @@ MUTATIONS = [
     ("probe on the wrong port", lambda o: container(o, "attention")["readinessProbe"]["grpc"].update(port=1), "readinessProbe port 1"),
     ("no memory limit", lambda o: container(o, "control")["resources"]["limits"].pop("memory"), "no memory limit"),
     ("gpu without a limit", lambda o: set_env(container(o, "experts-b"), "MOEMESH_EXPERT_DEVICE", "cuda:0"), "without an nvidia.com/gpu limit"),
+    ("attention on a gpu without a limit", lambda o: set_env(container(o, "attention"), "MOEMESH_ATTENTION_DEVICE", "cuda:0"), "attention: computes on cuda:0 without an nvidia.com/gpu limit"),
+    ("unreadable device", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_ATTENTION_DEVICE="gpu0"), "device must be cpu, cuda or cuda:N, got 'gpu0'"),
     ("root filesystem writable", lambda o: container(o, "experts-a")["securityContext"].update(readOnlyRootFilesystem=False), "not read-only"),
     ("escalation allowed", lambda o: container(o, "router")["securityContext"].pop("allowPrivilegeEscalation"), "privilege escalation"),
     ("capabilities kept", lambda o: container(o, "router")["securityContext"]["capabilities"].update(drop=["NET_RAW"]), "capabilities"),
@@ -69,3 +71,11 @@ def test_each_rule_catches_its_mistake(what, mutate, message, configs):
     mutate(objs)
     found = violations(objs, configs)
     assert any(message in v for v in found), found
+
+
+def test_gpu_overlay_puts_attention_replicas_on_their_gpu():
+    objs = rendered("overlays/gpu")
+    c = container(objs, "attention")
+    assert {"name": "MOEMESH_ATTENTION_DEVICE", "value": "cuda:0"} in c["env"]
+    assert str(c["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+    assert not any(e["name"] == "MOEMESH_ATTENTION_DEVICE" for e in container(rendered("overlays/cpu-dev"), "attention").get("env", []))
