@@ -10,7 +10,7 @@ from moemesh.rpc.config import RpcConfig
 class RouterConfig:
     """The router: the public Generation API in front of the attention replicas."""
 
-    attention: str = field(default="", metadata={"help": "comma-separated HOST:PORT of the attention replicas"})
+    attention: str = field(default="", metadata={"help": "comma-separated HOST:PORT of the attention replicas; a name stands for every address it resolves to (e.g. a headless Service)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
     model_dir: str = field(default="", metadata={"help": "model directory for the tokenizer (default: the one the replicas report)"})
@@ -18,6 +18,7 @@ class RouterConfig:
     max_running: int = field(default=256, metadata={"help": "streams served at once"})
     max_queued: int = field(default=256, metadata={"help": "streams waiting for a slot; beyond it RESOURCE_EXHAUSTED"})
     load_poll_s: float = field(default=0.2, metadata={"help": "how often to ask each replica for its load"})
+    discovery_interval_s: float = field(default=10.0, metadata={"help": "how often to re-resolve the attention names (new pods join, vanished ones drain); 0 = only at start"})
     connect_timeout_s: float = field(default=60.0, metadata={"help": "how long to wait for the replicas at start"})
     metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port (queue depth); unset = none, 0 = any free port"})
     rpc: RpcConfig = field(default_factory=RpcConfig)
@@ -31,6 +32,8 @@ class RouterConfig:
             raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
         if self.load_poll_s <= 0:
             raise ValueError(f"load_poll_s must be > 0, got {self.load_poll_s}")
+        if self.discovery_interval_s < 0:
+            raise ValueError(f"discovery_interval_s must be >= 0, got {self.discovery_interval_s}")
 
     @property
     def attention_addresses(self) -> list[str]:

@@ -3,6 +3,9 @@
 A replica's load = the sequences other routers placed there (its last load report minus this
 router's own at report time) + this router's sequences on it now. Ties go round-robin.
 Replicas whose reports fail, or that report they are draining, get no new sequences.
+`reconcile` follows discovery: new addresses join (available once their first load report arrives),
+vanished ones retire: no new sequences, their in-flight ones finish, and `sweep` closes the client
+once none is left.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ class Replica:
     inflight: int = 0
     others: int = 0  # sequences other routers had there at the last report
     available: bool = True
+    retired: bool = False  # gone from discovery: drains, then its client is closed
     last_report: LoadReport = field(default_factory=LoadReport)
 
     @property
@@ -41,7 +45,8 @@ class ReplicaSet:
     def __init__(self, replicas: list[Replica]) -> None:
         if not replicas:
             raise ValueError("attention: at least one attention replica address is required")
-        self.replicas = replicas
+        self.replicas = replicas  # the active ones, which get new sequences
+        self.retiring: list[Replica] = []  # retired, with sequences still in flight
         self._turn = itertools.count()
 
     def pick(self, exclude: set[str] = frozenset()) -> Replica:
@@ -65,9 +70,53 @@ class ReplicaSet:
     def mark_unavailable(self, replica: Replica) -> None:
         replica.available = False
 
-    async def refresh(self, timeout: float) -> None:
-        """Asks every replica for its load at once; a replica that does not answer is unavailable."""
-        await asyncio.gather(*(self._refresh_one(r, timeout) for r in self.replicas))
+    def reconcile(self, addresses: list[str], make_client) -> tuple[list[Replica], list[Replica]]:
+        """Makes the active replicas those at `addresses` -> (added, retired). An empty list changes
+        nothing (discovery found nothing: keep serving with what is known). A retiring replica whose
+        address comes back is active again."""
+        if not addresses:
+            return [], []
+        wanted = set(addresses)
+        active = {r.address for r in self.replicas}
+        retired = [r for r in self.replicas if r.address not in wanted]
+        for r in retired:
+            r.retired, r.available = True, False
+        self.replicas = [r for r in self.replicas if r.address in wanted]
+        self.retiring += retired
+        added: list[Replica] = []
+        for address in addresses:
+            if address in active:
+                continue
+            back = next((r for r in self.retiring if r.address == address), None)
+            if back is not None:
+                self.retiring.remove(back)
+                back.retired = False
+                replica = back
+            else:
+                replica = Replica(address, make_client(address), available=False)
+            self.replicas.append(replica)
+            active.add(address)
+            added.append(replica)
+        return added, retired
+
+    async def sweep(self) -> list[Replica]:
+        """Closes the clients of retired replicas with nothing left in flight -> those replicas."""
+        done = [r for r in self.retiring if r.inflight == 0]
+        self.retiring = [r for r in self.retiring if r.inflight > 0]
+        for r in done:
+            await _close(r)
+        return done
+
+    async def close(self) -> None:
+        """Closes every client, active and retiring."""
+        for r in [*self.replicas, *self.retiring]:
+            await _close(r)
+
+    async def refresh(self, timeout: float, replicas: list[Replica] | None = None) -> None:
+        """Asks every active replica (or those given) for its load at once; one that does not answer
+        is unavailable."""
+        targets = self.replicas if replicas is None else replicas
+        await asyncio.gather(*(self._refresh_one(r, timeout) for r in targets))
 
     async def _refresh_one(self, replica: Replica, timeout: float) -> None:
         inflight = replica.inflight
@@ -78,9 +127,18 @@ class ReplicaSet:
                 log.warning("attention replica %s unavailable: %s", replica.address, exc)
             replica.available = False
             return
-        replica.record(report, inflight)
+        if not replica.retired:
+            replica.record(report, inflight)
 
     async def poll_forever(self, interval_s: float) -> None:
         while True:
             await self.refresh(timeout=max(interval_s, 1.0))
+            await self.sweep()
             await asyncio.sleep(interval_s)
+
+
+async def _close(replica: Replica) -> None:
+    try:
+        await replica.client.close()
+    except Exception as exc:  # closing a channel must not stop the others from closing
+        log.warning("closing attention replica %s: %s", replica.address, exc)

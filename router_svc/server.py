@@ -1,7 +1,9 @@
 """The router process: `create_server(cfg) -> (RouterServer, port)` and `serve(cfg)`.
 
-At start the router asks the attention replicas what model they serve (waiting for them up to
-`connect_timeout_s`), loads that model's tokenizer, then polls every replica's load.
+At start the router resolves the configured attention addresses into replicas (`Discovery`: a name
+stands for all its A/AAAA records), asks them what model they serve (waiting for them up to
+`connect_timeout_s`), loads that model's tokenizer, then polls every replica's load and re-resolves
+the names every `discovery_interval_s`.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from moemesh.telemetry import MetricsServer, ServiceMetrics
 from router_svc.admission import Admission
 from router_svc.attention_client import AttentionClient
 from router_svc.config import RouterConfig
+from router_svc.discovery import Discovery, Resolver, dns_resolve
 from router_svc.replicas import Replica, ReplicaSet
 from router_svc.router import Router
 from router_svc.servicer import SERVICE_NAME, GenerationServicer, add_to_server
@@ -35,12 +38,15 @@ def load_tokenizer(model_dir: str):
 class RouterServer:
     """The gRPC server plus the replica clients and load poller it owns."""
 
-    def __init__(self, mesh: MeshServer, router: Router, clients: list[AttentionClient], poll_s: float) -> None:
+    def __init__(self, mesh: MeshServer, router: Router, discovery: Discovery, make_client, poll_s: float, discovery_s: float) -> None:
         self.mesh = mesh
         self.router = router
-        self.clients = clients
+        self.discovery = discovery
+        self.make_client = make_client
         self.poll_s = poll_s
+        self.discovery_s = discovery_s
         self._poller: asyncio.Task | None = None
+        self._discoverer: asyncio.Task | None = None
         self.metrics = ServiceMetrics("router")
         self.metrics_server: MetricsServer | None = None  # /metrics when serve_metrics() was called
         self._gauges: asyncio.Task | None = None
@@ -59,26 +65,30 @@ class RouterServer:
     async def start(self) -> None:
         await self.router.replicas.refresh(timeout=5.0)
         self._poller = asyncio.create_task(self.router.replicas.poll_forever(self.poll_s))
+        if self.discovery_s > 0 and self.discovery.has_names:
+            self._discoverer = asyncio.create_task(
+                self.discovery.run_forever(self.router.replicas, self.make_client, self.discovery_s, max(self.poll_s, 1.0))
+            )
         await self.mesh.start()
 
     async def shutdown(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING, new calls UNAVAILABLE, in-flight streams get the grace period."""
         await self.mesh.shutdown(grace_s)
-        if self._poller is not None:
-            self._poller.cancel()
-        if self._gauges is not None:
-            self._gauges.cancel()
+        for task in (self._poller, self._discoverer, self._gauges):
+            if task is not None:
+                task.cancel()
         if self.metrics_server is not None:
             self.metrics_server.stop()
-        for c in self.clients:
-            await c.close()
+        await self.router.replicas.close()
 
 
-async def create_server(cfg: RouterConfig) -> tuple[RouterServer, int]:
-    addresses = cfg.attention_addresses
-    if not addresses:
-        raise ValueError("attention: at least one attention replica address is required (--attention HOST:PORT,...)")
-    clients = [AttentionClient(a, cfg.rpc) for a in addresses]
+async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> tuple[RouterServer, int]:
+    discovery = Discovery(cfg.attention_addresses, resolver)
+
+    def make_client(address: str) -> AttentionClient:
+        return AttentionClient(address, cfg.rpc)
+
+    clients = [make_client(a) for a in await discovery.wait_for_addresses(cfg.connect_timeout_s)]
     info, model_dir = await clients[0].get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
     for c in clients[1:]:
         other, _ = await c.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
@@ -90,7 +100,7 @@ async def create_server(cfg: RouterConfig) -> tuple[RouterServer, int]:
     router = Router(info, replicas, Admission(cfg.max_running, cfg.max_queued), tokenizer)
     mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME))
     port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
-    return RouterServer(mesh, router, clients, cfg.load_poll_s), port
+    return RouterServer(mesh, router, discovery, make_client, cfg.load_poll_s, cfg.discovery_interval_s), port
 
 
 async def run(cfg, stop: asyncio.Event) -> None:
