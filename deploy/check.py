@@ -23,6 +23,9 @@
   every internal service's port;
 - terminationGracePeriodSeconds >= preStop sleep + the server's drain timeout + gRPC shutdown grace;
 - expert servers advertise `$(POD_IP):<port>` from the downward API and know the control plane;
+- the router finds attention pods by DNS: each attention name it is given is a headless Service
+  (clusterIP None, so the name resolves to every ready pod) with that port, and it re-resolves
+  (`discovery_interval_s` > 0);
 - the expert pools start at least the expert servers the control plane waits for;
 - the model volume is a PersistentVolumeClaim mounted read-only.
 """
@@ -404,9 +407,39 @@ def check_model_volume(objs: list[Obj], **_) -> list[str]:
     return out
 
 
+def check_attention_discovery(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list[str]:
+    import ipaddress
+
+    services = {o["metadata"]["name"]: o for o in objs if o.get("kind") == "Service"}
+    out = []
+    for o in _workloads(objs):
+        for c in _containers(pod_specs(o)[0]):
+            if service_of(c) != "router":
+                continue
+            env = effective_env(c, objs)
+            targets = [t.strip() for t in str(config_value("router", "attention", env, fields)).split(",") if t.strip()]
+            names = []
+            for target in targets:
+                host, _, port = target.rpartition(":")
+                try:
+                    ipaddress.ip_address(host.strip("[]"))
+                    continue
+                except ValueError:
+                    names.append(target)
+                svc = services.get(host.split(".")[0])
+                if svc is None or svc["spec"].get("clusterIP") != "None":
+                    out.append(f"{_name(o)}: attention target {target!r} is not a headless Service (the router would see one replica)")
+                elif not any(str(p.get("port")) == port for p in svc["spec"].get("ports", [])):
+                    out.append(f"{_name(o)}: attention target {target!r}: Service {host} has no port {port}")
+            if names and not config_value("router", "discovery_interval_s", env, fields) > 0:
+                out.append(f"{_name(o)}: discovery_interval_s is 0: the router never sees attention pods added after it starts")
+    return out
+
+
 RULES: tuple[Callable[..., list[str]], ...] = (
     check_probes, check_resources, check_security, check_selectors, check_pools,
     check_env_keys, check_ports, check_drain, check_expert_registration, check_expected_servers, check_model_volume,
+    check_attention_discovery,
 )
 
 

@@ -61,6 +61,12 @@ MUTATIONS = [
     ("no pod address", lambda o: container(o, "experts-a")["env"].pop(0), "does not advertise its pod IP"),
     ("control waits for more servers than start",
      lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_CONTROL_EXPECTED_EXPERT_SERVERS="3"), "waits for 3 expert servers"),
+    ("attention behind a ClusterIP", lambda o: find(o, "Service", "attention")["spec"].pop("clusterIP"),
+     "attention target 'attention:50052' is not a headless Service"),
+    ("attention on another port", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_ROUTER_ATTENTION="attention:6000"),
+     "Service attention has no port 6000"),
+    ("attention never re-resolved", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_ROUTER_DISCOVERY_INTERVAL_S="0"),
+     "discovery_interval_s is 0"),
     ("model writable", lambda o: pod(o, "attention")["volumes"][0]["persistentVolumeClaim"].pop("readOnly"), "model claim is not readOnly"),
 ]
 
