@@ -21,9 +21,9 @@ from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
 from moemesh.models.layers import RotaryTable, rms_norm, rope_for_step, silu_mlp
 from moemesh.moe.combine import combine
-from moemesh.moe.dispatch import make_plan
-from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.gate import softmax_topk
+from moemesh.moe.dispatch import make_plan, routes_all
+from moemesh.moe.expert_compute import AllExpertsCompute, ExpertCompute
+from moemesh.moe.gate import softmax_all, softmax_topk
 from moemesh.moe.knobs import MoeKnobs
 
 
@@ -138,6 +138,7 @@ class MoeDecoderLM:
         x = self.embed[meta.input_ids]  # [T, H]
         t = x.shape[0]
         rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # shared by every layer
+        all_capable = isinstance(experts, AllExpertsCompute)
         for idx, lyr in enumerate(self.layers):
             h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
             k_cache, v_cache = kv_caches[idx]
@@ -147,7 +148,15 @@ class MoeDecoderLM:
                 x = x + silu_mlp(h, lyr.mlp_gate_up, lyr.mlp_down)
                 continue
             lk = knobs.for_layer(idx)
-            routing = softmax_topk(h @ lyr.router.t(), lk.top_k or cfg.top_k, cfg.norm_topk_prob)  # [T, K]
+            top_k = lk.top_k or cfg.top_k
+            router_logits = h @ lyr.router.t()  # [T, E]
+            if all_capable and routes_all(t, cfg.num_experts, top_k, lk.capacity_factor):
+                future = experts.submit_all(idx, h, softmax_all(router_logits, cfg.norm_topk_prob))
+                if future is not None:  # every token to every expert: no dispatch rows, combined there
+                    yield
+                    x = x + future.result()
+                    continue
+            routing = softmax_topk(router_logits, top_k, cfg.norm_topk_prob)  # [T, K]
             plan = make_plan(routing, cfg.num_experts, lk.capacity_factor)
             future = experts.submit(idx, h[plan.token_idx], plan.expert_ids, plan.counts)  # rows [N, H]
             yield

@@ -49,15 +49,22 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
     return bound if capacity_factor > 0 else min(max_count, bound)
 
 
+def routes_all(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> bool:
+    """Every token goes to every expert and no row is dropped (the plan `make_plan` would make is uniform)."""
+    if top_k != num_experts or not num_tokens:
+        return False
+    capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count=num_tokens)
+    return capacity is None or capacity >= num_tokens
+
+
 def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) -> DispatchPlan:
     """Sort the T*K choices by expert. Priority within an expert when capacity binds: all first choices
     (in token order) before any second choice, and so on (as Tutel does)."""
     ids = routing.expert_ids  # [T, K]
     num_tokens, top_k = ids.shape
-    if top_k == num_experts and num_tokens:
+    if routes_all(num_tokens, num_experts, top_k, capacity_factor):
         capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count=num_tokens)
-        if capacity is None or capacity >= num_tokens:
-            return uniform_plan(routing, num_experts, capacity)
+        return uniform_plan(routing, num_experts, capacity)
     # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order.
     flat_ids = ids.t().reshape(-1)  # [K*T]
     flat_w = routing.weights.t().reshape(-1)  # [K*T]

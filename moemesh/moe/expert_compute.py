@@ -5,7 +5,7 @@ Shape legend: N rows (token-expert assignments) grouped by expert, G experts wit
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -24,6 +24,18 @@ class ExpertCompute(Protocol):
     """
 
     def submit(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor) -> Future: ...
+
+
+@runtime_checkable
+class AllExpertsCompute(Protocol):
+    """Optionally offered by an ExpertCompute that can run a layer whose every token goes to every
+    expert (top-k == E, nothing dropped) without dispatching rows.
+
+    `submit_all(layer, x, weights)`: x [T, H], weights [T, E] float32 combine weights (expert order);
+    returns a Future of [T, H] = sum_e weights[:, e] * expert_e(x) in x.dtype, or None when it cannot
+    for this layer (the caller then uses `submit` with a dispatch plan)."""
+
+    def submit_all(self, layer: int, x: Tensor, weights: Tensor) -> Future | None: ...
 
 
 def completed(value: Tensor) -> Future:

@@ -15,17 +15,27 @@ from kernels.experts import apply_activation
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.checkpoint.progress import load_progress
+from moemesh.moe.all_experts import ConcatenatedExperts
 from moemesh.moe.expert_compute import completed
 from moemesh.moe.expert_loader import load_expert_weights
 
 
 class LocalExperts:
     """Runs `kernels.grouped_expert_mlp` on weights held in this process (layer -> all E experts).
-    When every expert in a call gets the same number of rows (e.g. top-k == E) and the weights are
-    dense in the compute dtype, one batched matmul per projection replaces the grouped path."""
+    When every expert in a call gets the same number of rows and the weights are dense in the compute
+    dtype, one batched matmul per projection replaces the grouped path. Dense experts are also held in
+    the concatenated layout of `ConcatenatedExperts` (their `down` re-viewed from it, no second copy),
+    so `submit_all` (every token to every expert) is two plain matmuls."""
 
     def __init__(self, weights: Mapping[int, ExpertWeights]) -> None:
-        self.weights = dict(weights)
+        self.weights: dict[int, ExpertWeights] = {}
+        self.concatenated: dict[int, ConcatenatedExperts] = {}
+        for layer, w in weights.items():
+            adopted = ConcatenatedExperts.adopt(w)
+            if adopted is None:
+                self.weights[layer] = w
+            else:
+                self.concatenated[layer], self.weights[layer] = adopted
 
     @classmethod
     def from_checkpoint(
@@ -50,6 +60,14 @@ class LocalExperts:
         if len(rows) > 1 and min(rows) == max(rows) and is_dense(w, x.dtype):
             return completed(batched_mlp(x, expert_ids, rows[0], w))
         return completed(grouped_expert_mlp(x, expert_ids, counts, w))
+
+    def submit_all(self, layer: int, x: Tensor, weights: Tensor) -> Future | None:
+        """x [T, H], weights [T, E] -> Future of [T, H], the gate-weighted sum over all E experts;
+        None when this layer's experts are not dense in x.dtype (the caller then dispatches rows)."""
+        cat = self.concatenated.get(layer)
+        if cat is None or cat.gate_up.dtype != x.dtype or weights.shape[-1] != cat.num_experts:
+            return None
+        return completed(cat.mlp(x, weights))
 
 
 def is_dense(w: ExpertWeights, dtype: torch.dtype) -> bool:

@@ -40,3 +40,28 @@ def test_unknown_layer_is_an_error():
 
     with pytest.raises(ValueError, match="layer 5"):
         LocalExperts({0: weights()}).submit(5, torch.randn(1, 16), torch.tensor([0]), torch.tensor([1]))
+
+
+def test_submit_all_equals_uniform_dispatch_and_combine():
+    from moemesh.moe.dispatch import make_plan
+    from moemesh.moe.combine import combine
+    from moemesh.moe.gate import softmax_all, softmax_topk
+
+    w = weights()
+    local = LocalExperts({0: w})
+    x = torch.randn(5, 16)
+    logits = torch.randn(5, 4)
+    plan = make_plan(softmax_topk(logits, 4, True), 4)
+    assert plan.uniform
+    ref = combine(grouped_expert_mlp(x[plan.token_idx], plan.expert_ids, plan.counts, w), plan, 5)
+    torch.testing.assert_close(local.submit_all(0, x, softmax_all(logits, True)).result(), ref)
+    assert local.submit_all(0, x.double(), softmax_all(logits, True)) is None  # not in the held dtype
+
+
+def test_concatenated_layout_keeps_the_grouped_path_exact():
+    w = weights()
+    local = LocalExperts({0: w})
+    assert local.weights[0].down.data_ptr() == local.concatenated[0].down.data_ptr()  # one copy held
+    x = torch.randn(7, 16)
+    ids, counts = torch.tensor([0, 2, 3]), torch.tensor([4, 1, 2])
+    torch.testing.assert_close(local.submit(0, x, ids, counts).result(), grouped_expert_mlp(x, ids, counts, w))

@@ -1,0 +1,50 @@
+"""Every token routed to every expert held (top-k == E, nothing dropped): the MoE layer is one dense
+SwiGLU MLP over the experts' intermediates side by side, with the gate weights folded in before the
+down projection:  y[t] = sum_e w[t, e] * down_e(act(gate_up_e x[t]))
+                       = down_cat @ (w[t, :, None] * act(gate_up_cat x[t]).view(E, I)).flatten().
+
+Shape legend: T tokens, E experts, H hidden, I intermediate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kernels import ExpertWeights
+from kernels.experts import apply_activation
+
+
+@dataclass(frozen=True)
+class ConcatenatedExperts:
+    """gate_up [E*2I, H]: expert e's gate rows then up rows at [e*2I, (e+1)*2I) (a view of the experts'
+    [E, 2I, H]); down [H, E*I]: expert e's down projection in columns [e*I, (e+1)*I)."""
+
+    gate_up: Tensor
+    down: Tensor
+    num_experts: int
+    activation: str
+
+    @classmethod
+    def adopt(cls, w: ExpertWeights) -> tuple["ConcatenatedExperts", ExpertWeights] | None:
+        """For dense experts without biases: the concatenated layout, and `w` with its down weights
+        re-viewed from it (same values, [E, H, I] strides over down [H, E*I], so no second copy is
+        held). None for quantized or biased experts."""
+        if not (isinstance(w.gate_up, Tensor) and isinstance(w.down, Tensor)) or w.gate_up_bias is not None or w.down_bias is not None:
+            return None
+        e, h, i = w.down.shape
+        down = w.down.permute(1, 0, 2).reshape(h, e * i).contiguous()  # [H, E*I]
+        gate_up = w.gate_up.contiguous()
+        cat = cls(gate_up.view(e * 2 * i, h), down, e, w.activation)
+        viewed = ExpertWeights(gate_up, down.view(h, e, i).permute(1, 0, 2), None, None, w.activation)  # [E, H, I]
+        return cat, viewed
+
+    def mlp(self, x: Tensor, weights: Tensor) -> Tensor:
+        """x [T, H], weights [T, E] float32 combine weights -> [T, H] = sum_e weights[:, e] * expert_e(x),
+        in x.dtype (weights applied in float32 to the intermediate activations)."""
+        t, e = x.shape[0], self.num_experts
+        h = (x @ self.gate_up.t()).view(t, e, -1)  # [T, E, 2I]
+        act = apply_activation(h, self.activation)  # [T, E, I]
+        act = (act * weights[:, :, None]).to(x.dtype)  # [T, E, I]
+        return act.view(t, -1) @ self.down.t()  # [T, H]
