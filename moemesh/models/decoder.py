@@ -19,7 +19,7 @@ from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, rms_norm, rope_for_step, silu_mlp
+from moemesh.models.layers import RotaryTable, matmul_layout, rms_norm, rope_for_step, silu_mlp
 from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan, routes_all
 from moemesh.moe.expert_compute import AllExpertsCompute, ExpertCompute
@@ -59,7 +59,7 @@ class MoeDecoderLM:
         self.cfg = cfg
         self.dtype = dtype
         h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
         self.layers: list[DecoderLayer] = []
         with load_progress(cfg.num_layers, "loading layers") as bar:
             for layer in range(cfg.num_layers):
@@ -67,9 +67,10 @@ class MoeDecoderLM:
                 bar.update(1)
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
         if cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
-            self.lm_head = self.embed
+            self.lm_head = self.embed = matmul_layout(embed)  # one copy, laid out for the LM head's matmul
         else:
-            self.lm_head = reader.get("lm_head.weight", shape=(v, h), dtype=dtype)  # [V, H]
+            self.embed = embed
+            self.lm_head = matmul_layout(reader.get("lm_head.weight", shape=(v, h), dtype=dtype))  # [V, H]
         self.rope = RotaryTable.build(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
 
     def _load_layer(self, reader: CheckpointReader, layer: int) -> DecoderLayer:
@@ -88,8 +89,8 @@ class MoeDecoderLM:
         if reader.has(f"{a}.q_proj.bias"):
             bias = torch.cat([reader.get(f"{a}.{n}_proj.bias", dtype=dt) for n in ("q", "k", "v")])
         attn = AttentionWeights(
-            qkv=qkv,
-            o=reader.get(f"{a}.o_proj.weight", shape=(h, nh * d), dtype=dt),
+            qkv=matmul_layout(qkv),
+            o=matmul_layout(reader.get(f"{a}.o_proj.weight", shape=(h, nh * d), dtype=dt)),
             num_heads=nh,
             num_kv_heads=kvh,
             head_dim=d,
@@ -106,7 +107,8 @@ class MoeDecoderLM:
             gate_up = torch.cat(
                 [reader.get(f"{m}.gate_proj.weight", shape=(i, h), dtype=dt), reader.get(f"{m}.up_proj.weight", shape=(i, h), dtype=dt)]
             )
-            down = reader.get(f"{m}.down_proj.weight", shape=(h, i), dtype=dt)
+            gate_up = matmul_layout(gate_up)
+            down = matmul_layout(reader.get(f"{m}.down_proj.weight", shape=(h, i), dtype=dt))
         return DecoderLayer(
             input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(h,), dtype=dt),
             attn=attn,

@@ -28,17 +28,26 @@ class ConcatenatedExperts:
 
     @classmethod
     def adopt(cls, w: ExpertWeights) -> tuple["ConcatenatedExperts", ExpertWeights] | None:
-        """For dense experts without biases: the concatenated layout, and `w` with its down weights
-        re-viewed from it (same values, [E, H, I] strides over down [H, E*I], so no second copy is
-        held). None for quantized or biased experts."""
+        """For dense experts without biases: the concatenated layout, and `w` with its weights re-viewed
+        from it (same values and [E, 2I, H] / [E, H, I] shapes over the concatenated storage, so no
+        second copy is held). None for quantized or biased experts.
+        Storage follows `matmul_layout`: float32 matrices are held [in, out] (gate_up as [H, E*2I],
+        down as [E*I, H], i.e. each expert's down contiguous as [I, H]), other dtypes [out, in]."""
         if not (isinstance(w.gate_up, Tensor) and isinstance(w.down, Tensor)) or w.gate_up_bias is not None or w.down_bias is not None:
             return None
         e, h, i = w.down.shape
-        down = w.down.permute(1, 0, 2).reshape(h, e * i).contiguous()  # [H, E*I]
-        gate_up = w.gate_up.contiguous()
-        cat = cls(gate_up.view(e * 2 * i, h), down, e, w.activation)
-        viewed = ExpertWeights(gate_up, down.view(h, e, i).permute(1, 0, 2), None, None, w.activation)  # [E, H, I]
-        return cat, viewed
+        if w.gate_up.dtype == torch.float32 and i % 2 == 0 and w.gate_up.device.type == "cpu":
+            gate_up_t = w.gate_up.permute(2, 0, 1).reshape(h, e * 2 * i).contiguous()  # [H, E*2I]
+            down_t = w.down.transpose(1, 2).contiguous()  # [E, I, H] == [E*I, H]
+            cat = cls(gate_up_t.t(), down_t.view(e * i, h).t(), e, w.activation)
+            gate_up = gate_up_t.view(h, e, 2 * i).permute(1, 2, 0)  # [E, 2I, H]
+            down = down_t.transpose(1, 2)  # [E, H, I]
+        else:
+            down_cat = w.down.permute(1, 0, 2).reshape(h, e * i).contiguous()  # [H, E*I]
+            gate_up = w.gate_up.contiguous()  # [E, 2I, H]
+            cat = cls(gate_up.view(e * 2 * i, h), down_cat, e, w.activation)
+            down = down_cat.view(h, e, i).permute(1, 0, 2)  # [E, H, I]
+        return cat, ExpertWeights(gate_up, down, None, None, w.activation)
 
     def mlp(self, x: Tensor, weights: Tensor) -> Tensor:
         """x [T, H], weights [T, E] float32 combine weights -> [T, H] = sum_e weights[:, e] * expert_e(x),

@@ -61,7 +61,9 @@ def test_submit_all_equals_uniform_dispatch_and_combine():
 def test_concatenated_layout_keeps_the_grouped_path_exact():
     w = weights()
     local = LocalExperts({0: w})
-    assert local.weights[0].down.data_ptr() == local.concatenated[0].down.data_ptr()  # one copy held
+    held = local.weights[0]  # one copy held: the [E, .., ..] weights are views of the concatenated ones
+    assert held.down.data_ptr() == local.concatenated[0].down.data_ptr()
+    assert held.gate_up.data_ptr() == local.concatenated[0].gate_up.data_ptr()
     x = torch.randn(7, 16)
     ids, counts = torch.tensor([0, 2, 3]), torch.tensor([4, 1, 2])
     torch.testing.assert_close(local.submit(0, x, ids, counts).result(), grouped_expert_mlp(x, ids, counts, w))
