@@ -167,7 +167,9 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
 
     dtype = DTYPES[dtype_name]
     engine = LLMEngine(
-        EngineConfig(str(model_dir), dtype=dtype_name, max_num_seqs=cfg.concurrent, kv_cache_tokens=cfg.concurrent * 256)
+        EngineConfig(
+            str(model_dir), dtype=dtype_name, max_num_seqs=cfg.concurrent, kv_cache_tokens=cfg.concurrent * 256, num_threads=cfg.threads
+        )
     )
     hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     vocab = engine.model_config.vocab_size
@@ -203,7 +205,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--concurrent", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: EngineConfig's default)")
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
     dtypes = tuple(d.strip() for d in a.dtypes.split(",") if d.strip())

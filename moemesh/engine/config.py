@@ -33,7 +33,7 @@ class EngineConfig:
     micro_batches: int = 1
     moe_top_k: int | None = None
     capacity_factor: float = 0.0
-    num_threads: int | None = None
+    num_threads: int | None = 1
     device: str = "cpu"
 
     def __post_init__(self) -> None:
