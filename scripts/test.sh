@@ -4,5 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,demo
 . "${MOEMESH_VENV:-.venv}/bin/activate"
-export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 exec python -m pytest tests -q "$@"
