@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-QUESTION = "What is the capital of France? Answer in one or two sentences."
+QUESTION = "What is the capital of France?"
 
 
 def register(subparsers) -> None:
