@@ -14,7 +14,7 @@ class AttentionConfig:
     control_addr: str = field(default="", metadata={"help": "control plane HOST:PORT (empty = compute experts in this process)"})
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=0, metadata={"help": "port to bind (0 = any free port)"})
-    transport: str = field(default="grpc", metadata={"help": "expert transport", "choices": ("grpc", "dist")})
+    transport: str = field(default="grpc", metadata={"help": "expert transport (auto: torch.distributed with experts on this node, gRPC otherwise)", "choices": ("grpc", "dist", "auto")})
     dtype: str = field(default="auto", metadata={"help": "compute dtype", "choices": ("auto", "float32", "bfloat16")})
     device: str = field(default="cpu", metadata={"help": "where weights, KV cache and steps live: cpu, cuda or cuda:N"})
     experts_dtype: str = field(default="", metadata={"help": "expert weight format when computed in process (empty = as stored)"})

@@ -13,7 +13,8 @@ def register(subparsers) -> None:
     p.add_argument("--question", default=QUESTION, help="the user message to answer")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     p.add_argument("--expert-servers", type=int, default=2, metavar="N")
-    p.add_argument("--transport", choices=("grpc", "dist"), default="grpc")
+    p.add_argument("--transport", choices=("grpc", "dist", "auto"), default="grpc",
+                   help="attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)")
     p.add_argument("--model", default=None, metavar="DIR", help="model directory (default: the demo model, built if absent)")
     p.set_defaults(func=run)
 

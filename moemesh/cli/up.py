@@ -15,7 +15,8 @@ def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-servers", type=int, default=2, metavar="N")
     p.add_argument("--attention-replicas", type=int, default=1, metavar="N")
     p.add_argument("--experts-dtype", choices=EXPERT_DTYPES, default=None, help="expert weight format (default: as stored)")
-    p.add_argument("--transport", choices=("grpc", "dist"), default="grpc", help="attention <-> expert transport")
+    p.add_argument("--transport", choices=("grpc", "dist", "auto"), default="grpc",
+                   help="attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)")
     p.add_argument("--attention-threads", type=int, default=0, metavar="N", help="torch threads per attention replica (0 = default)")
     p.add_argument("--start-timeout", type=float, default=600.0, metavar="S", help="how long each service may take to start")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="where the services' logs go (default: a temp dir)")

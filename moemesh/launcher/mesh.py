@@ -35,8 +35,8 @@ class MeshSpec:
             raise ValueError(f"expert_servers must be >= 1, got {self.expert_servers}")
         if self.attention_replicas < 1:
             raise ValueError(f"attention_replicas must be >= 1, got {self.attention_replicas}")
-        if self.transport not in ("grpc", "dist"):
-            raise ValueError(f"transport must be grpc or dist, got {self.transport!r}")
+        if self.transport not in ("grpc", "dist", "auto"):
+            raise ValueError(f"transport must be grpc, dist or auto, got {self.transport!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
@@ -88,7 +88,7 @@ class Mesh:
             experts = [
                 self._spawn(f"expert-{i}", "expert", {
                     "model_dir": s.model_dir, "control_addr": self.control_addr,
-                    "experts_dtype": s.experts_dtype, "transport": "auto" if s.transport == "dist" else "grpc",
+                    "experts_dtype": s.experts_dtype, "transport": "grpc" if s.transport == "grpc" else "auto",
                 })
                 for i in range(s.expert_servers)
             ]
