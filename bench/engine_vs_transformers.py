@@ -156,6 +156,32 @@ def copy_bandwidth_gbs() -> float:
     return 2 * src.numel() * 4 / best / 1e9
 
 
+def step_matrices(engine) -> list[torch.Tensor]:
+    """The weight matrices a decode step multiplies by, as the engine holds them ([out, in] views):
+    attention, router, dense MLPs, the experts' concatenated gate_up/down (every token to every expert),
+    the LM head."""
+    mats = []
+    for lyr in engine.model.layers:
+        mats += [t for t in (lyr.attn.qkv, lyr.attn.o, lyr.router, lyr.mlp_gate_up, lyr.mlp_down) if t is not None]
+    for cat in getattr(engine.experts, "concatenated", {}).values():
+        mats += [cat.gate_up, cat.down]
+    return mats + [engine.model.lm_head]
+
+
+def matmul_floor_cpu_s(engine, rows: int, repeats: int = 3) -> float:
+    """Best CPU seconds of the step's weight matmuls alone (x[rows, in] @ w.t() for each matrix, same
+    tensors and layouts): what a step would cost with zero overhead besides them."""
+    mats = step_matrices(engine)
+    xs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype) for w in mats}
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.process_time()
+        for w in mats:
+            xs[(w.shape[1], w.dtype)] @ w.t()
+        best = min(best, time.process_time() - start)
+    return best
+
+
 def expert_bytes(engine) -> int:
     return sum(w.nbytes for w in engine.experts.weights.values())
 
@@ -184,6 +210,7 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
             runs["h1"].append(hf_decode_rate(hf, one, cfg.new_tokens))
             runs["en"].append(engine_decode_rate(engine, many, cfg.new_tokens))
             runs["hn"].append(hf_decode_rate(hf, many, cfg.new_tokens))
+        floors = {"1": matmul_floor_cpu_s(engine, 1), "n": matmul_floor_cpu_s(engine, cfg.concurrent)}
     best = {k: Rate(max(r.wall for r in v), max(r.cpu for r in v), min(r.step_s for r in v)) for k, v in runs.items()}
     bytes_per_step = engine.model.weight_bytes() + expert_bytes(engine)
     achieved = bytes_per_step / best["e1"].step_s / 1e9
@@ -192,10 +219,19 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
     for key, label in (("1", "batch 1"), ("n", f"{cfg.concurrent} concurrent")):
         e, h = best["e" + key], best["h" + key]
         print(f"{label:<16}{e.wall:>15.1f}{h.wall:>14.1f}{e.wall / h.wall:>7.2f}   {e.cpu:>18.1f}{h.cpu:>14.1f}{e.cpu / h.cpu:>7.2f}")
+    for key, rows in (("1", 1), ("n", cfg.concurrent)):
+        e, h = best["e" + key], best["h" + key]
+        step_cpu, floor = rows / e.cpu, floors[key]
+        print(
+            f"{'batch ' + str(rows) + ' CPU/step':<16}{step_cpu * 1e3:>8.1f} ms, weight matmuls alone {floor * 1e3:.1f} ms "
+            f"({floor / step_cpu:.0%}); matmul-only bound {rows / floor:.1f} tok/CPU-s = {rows / floor / h.cpu:.2f}x transformers"
+        )
     print(
         f"batch-1 weight traffic: {bytes_per_step / 1e6:.0f} MB/step in {best['e1'].step_s * 1e3:.1f} ms = {achieved:.1f} GB/s; "
         f"copy bandwidth {limit_gbs:.1f} GB/s -> {achieved / limit_gbs:.0%} of the limit"
     )
+    on_cpu = bytes_per_step * best["e1"].cpu / 1e9  # per CPU-second of the step (what an idle core would reach)
+    print(f"batch-1 weight traffic per CPU-second: {on_cpu:.1f} GB/s -> {on_cpu / limit_gbs:.0%} of the limit")
 
 
 def main() -> None:
