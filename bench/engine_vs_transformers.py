@@ -55,6 +55,7 @@ class BenchConfig:
     concurrent: int
     threads: int
     repeats: int
+    pack_experts: bool
 
 
 def build_random_demo_shape(out: Path) -> Path:
@@ -171,13 +172,15 @@ def step_matrices(engine) -> list[torch.Tensor]:
 def matmul_floor_cpu_s(engine, rows: int, repeats: int = 3) -> float:
     """Best CPU seconds of the step's weight matmuls alone (x[rows, in] @ w.t() for each matrix, same
     tensors and layouts): what a step would cost with zero overhead besides them."""
+    from moemesh.models.layers import linear
+
     mats = step_matrices(engine)
     xs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype) for w in mats}
     best = float("inf")
     for _ in range(repeats + 1):
         start = time.process_time()
         for w in mats:
-            xs[(w.shape[1], w.dtype)] @ w.t()
+            linear(xs[(w.shape[1], w.dtype)], w)
         best = min(best, time.process_time() - start)
     return best
 
@@ -194,7 +197,8 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
     dtype = DTYPES[dtype_name]
     engine = LLMEngine(
         EngineConfig(
-            str(model_dir), dtype=dtype_name, max_num_seqs=cfg.concurrent, kv_cache_tokens=cfg.concurrent * 256, num_threads=cfg.threads
+            str(model_dir), dtype=dtype_name, max_num_seqs=cfg.concurrent, kv_cache_tokens=cfg.concurrent * 256,
+            num_threads=cfg.threads, pack_experts=cfg.pack_experts,
         )
     )
     hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
@@ -243,15 +247,16 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: EngineConfig's default)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--pack-experts", action="store_true", help="EngineConfig.pack_experts (bfloat16: packed expert copy)")
     a = ap.parse_args()
     dtypes = tuple(d.strip() for d in a.dtypes.split(",") if d.strip())
     for d in dtypes:
         if d not in DTYPES:
             raise SystemExit(f"--dtypes: unknown dtype {d!r} (choose from {', '.join(DTYPES)})")
-    cfg = BenchConfig(a.model, dtypes, a.new_tokens, a.prompt_len, a.concurrent, a.threads, a.repeats)
+    cfg = BenchConfig(a.model, dtypes, a.new_tokens, a.prompt_len, a.concurrent, a.threads, a.repeats, a.pack_experts)
     torch.set_num_threads(cfg.threads)
     limit = copy_bandwidth_gbs()
-    print(f"threads {cfg.threads}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}")
+    print(f"threads {cfg.threads}, pack_experts {cfg.pack_experts}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(cfg.model) if cfg.model else default_model_dir(Path(tmp))
         for d in cfg.dtypes:

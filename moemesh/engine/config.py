@@ -34,6 +34,7 @@ class EngineConfig:
     moe_top_k: int | None = None
     capacity_factor: float = 0.0
     num_threads: int | None = 1
+    pack_experts: bool = False
     device: str = "cpu"
 
     def __post_init__(self) -> None:

@@ -74,6 +74,21 @@ def matmul_layout(w: Tensor) -> Tensor:
     return w.t().contiguous().t()
 
 
+def packed_for_linear(w: Tensor) -> Tensor | None:
+    """w [out, in] bfloat16 on the CPU -> a oneDNN-packed copy for `linear` (the same products, about
+    1.5x faster than `x @ w.t()` at 1-16 rows, measured on AVX-512-BF16); None where that does not apply."""
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.dim() != 2 or not torch.backends.mkldnn.is_available():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
+
+
+def linear(x: Tensor, w: Tensor) -> Tensor:
+    """x [T, in] @ w[out, in].t() -> [T, out], for a plain w or one packed by `packed_for_linear`."""
+    if w.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], "")
+    return x @ w.t()
+
+
 def silu_mlp(x: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
     """Dense SwiGLU MLP. x [T, H], gate_up [2I, H] (gate rows then up rows), down [H, I] -> [T, H]."""
     h = x @ gate_up.t()  # [T, 2I]

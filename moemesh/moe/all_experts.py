@@ -14,6 +14,7 @@ from torch import Tensor
 
 from kernels import ExpertWeights
 from kernels.experts import apply_activation
+from moemesh.models.layers import linear, packed_for_linear
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,14 @@ class ConcatenatedExperts:
     down: Tensor
     num_experts: int
     activation: str
+
+    def packed(self) -> "ConcatenatedExperts | None":
+        """A copy with both matrices packed by `packed_for_linear` (bfloat16 on the CPU: a second copy
+        of the weights, for a faster `mlp`); None where packing does not apply."""
+        gate_up, down = packed_for_linear(self.gate_up), packed_for_linear(self.down)
+        if gate_up is None or down is None:
+            return None
+        return ConcatenatedExperts(gate_up, down, self.num_experts, self.activation)
 
     @classmethod
     def adopt(cls, w: ExpertWeights) -> tuple["ConcatenatedExperts", ExpertWeights] | None:
@@ -53,7 +62,7 @@ class ConcatenatedExperts:
         """x [T, H], weights [T, E] float32 combine weights -> [T, H] = sum_e weights[:, e] * expert_e(x),
         in x.dtype (weights applied in float32 to the intermediate activations)."""
         t, e = x.shape[0], self.num_experts
-        h = (x @ self.gate_up.t()).view(t, e, -1)  # [T, E, 2I]
+        h = linear(x, self.gate_up).view(t, e, -1)  # [T, E, 2I]
         act = apply_activation(h, self.activation)  # [T, E, I]
         act = (act * weights[:, :, None]).to(x.dtype)  # [T, E, I]
-        return act.view(t, -1) @ self.down.t()  # [T, H]
+        return linear(act.view(t, -1), self.down)  # [T, H]

@@ -25,9 +25,11 @@ class LocalExperts:
     When every expert in a call gets the same number of rows and the weights are dense in the compute
     dtype, one batched matmul per projection replaces the grouped path. Dense experts are also held in
     the concatenated layout of `ConcatenatedExperts` (their `down` re-viewed from it, no second copy),
-    so `submit_all` (every token to every expert) is two plain matmuls."""
+    so `submit_all` (every token to every expert) is two plain matmuls.
+    pack: also hold a oneDNN-packed copy of the concatenated experts for `submit_all` (bfloat16 on the
+    CPU; memory for speed: a second copy of the expert weights)."""
 
-    def __init__(self, weights: Mapping[int, ExpertWeights]) -> None:
+    def __init__(self, weights: Mapping[int, ExpertWeights], pack: bool = False) -> None:
         self.weights: dict[int, ExpertWeights] = {}
         self.concatenated: dict[int, ConcatenatedExperts] = {}
         for layer, w in weights.items():
@@ -36,10 +38,12 @@ class LocalExperts:
                 self.weights[layer] = w
             else:
                 self.concatenated[layer], self.weights[layer] = adopted
+                if pack:
+                    self.concatenated[layer] = self.concatenated[layer].packed() or self.concatenated[layer]
 
     @classmethod
     def from_checkpoint(
-        cls, reader: CheckpointReader, cfg: ModelConfig, dtype: torch.dtype, experts_dtype: str | None = None
+        cls, reader: CheckpointReader, cfg: ModelConfig, dtype: torch.dtype, experts_dtype: str | None = None, pack: bool = False
     ) -> "LocalExperts":
         layers = cfg.moe_layers
         all_experts = list(range(cfg.num_experts))
@@ -48,7 +52,7 @@ class LocalExperts:
             for layer in layers:
                 weights[layer] = load_expert_weights(reader, cfg, layer, all_experts, dtype, experts_dtype)
                 bar.update(1)
-        return cls(weights)
+        return cls(weights, pack)
 
     def submit(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor) -> Future:
         w = self.weights.get(layer)

@@ -3,6 +3,7 @@ KV block accounting, stop tokens, seeds, MoE knobs changed between steps."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -168,3 +169,13 @@ def test_generate_is_all_or_nothing_on_bad_input(tiny_ckpt):
     with pytest.raises(ValueError, match="vocabulary"):
         e.generate([PROMPTS[0], [9999]], GREEDY)
     assert not e.has_unfinished() and e.num_free_blocks == e.kv.allocator.num_blocks
+
+
+def test_packed_experts_equal_plain_in_bfloat16(tiny_ckpt):
+    path, _ = tiny_ckpt("mixtral", num_experts_per_tok=4, num_local_experts=4)  # every token to every expert
+    plain = engine(path, dtype="bfloat16").generate(PROMPTS, GREEDY)
+    packed_engine = engine(path, dtype="bfloat16", pack_experts=True)
+    packed = packed_engine.generate(PROMPTS, GREEDY)
+    assert packed_engine.experts.concatenated[0].gate_up.is_mkldnn == torch.backends.mkldnn.is_available()
+    assert [r.token_ids for r in packed] == [r.token_ids for r in plain]
+    assert [r.logprobs for r in packed] == [r.logprobs for r in plain]

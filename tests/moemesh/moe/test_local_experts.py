@@ -67,3 +67,21 @@ def test_concatenated_layout_keeps_the_grouped_path_exact():
     x = torch.randn(7, 16)
     ids, counts = torch.tensor([0, 2, 3]), torch.tensor([4, 1, 2])
     torch.testing.assert_close(local.submit(0, x, ids, counts).result(), grouped_expert_mlp(x, ids, counts, w))
+
+
+def test_packed_bf16_submit_all_equals_unpacked():
+    import pytest
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN not available")
+    g = torch.Generator().manual_seed(3)
+    w = ExpertWeights(torch.randn(4, 32, 64, generator=g).bfloat16(), torch.randn(4, 64, 16, generator=g).bfloat16())
+    plain, packed = LocalExperts({0: w}), LocalExperts({0: w}, pack=True)
+    assert packed.concatenated[0].gate_up.is_mkldnn
+    for t in (1, 5):
+        x = torch.randn(t, 64, generator=g).bfloat16()
+        gates = torch.softmax(torch.randn(t, 4, generator=g), -1)
+        torch.testing.assert_close(packed.submit_all(0, x, gates).result(), plain.submit_all(0, x, gates).result())
+    ids, counts = torch.tensor([0, 2]), torch.tensor([3, 1])  # the grouped path keeps the plain weights
+    x = torch.randn(4, 64, generator=g).bfloat16()
+    torch.testing.assert_close(packed.submit(0, x, ids, counts).result(), plain.submit(0, x, ids, counts).result())
