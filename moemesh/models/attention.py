@@ -13,12 +13,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, apply_rope_signed, rms_norm, rope_for_step
+from moemesh.models.layers import RotaryTable, apply_rope_signed, linear, rms_norm, rope_for_step
 
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    """qkv [(NH+2KVH)*D, H] (q rows, k rows, v rows); o [H, NH*D]; optional per-head q/k RMSNorm [D]."""
+    """qkv [(NH+2KVH)*D, H] (q rows, k rows, v rows); o [H, NH*D] (plain, or as `matmul_layout` holds
+    them: used through `layers.linear` only); optional per-head q/k RMSNorm [D]."""
 
     qkv: Tensor
     o: Tensor
@@ -51,7 +52,7 @@ def attention(
     rope_cs: (cos, signed sin) from `rope_for_step`, to share across layers (computed here when None)."""
     t = x.shape[0]
     nh, kvh, d = w.num_heads, w.num_kv_heads, w.head_dim
-    qkv = x @ w.qkv.t()  # [T, (NH+2KVH)*D]
+    qkv = linear(x, w.qkv)  # [T, (NH+2KVH)*D]
     if w.qkv_bias is not None:
         qkv = qkv + w.qkv_bias
     qk = qkv[:, : (nh + kvh) * d].view(t, nh + kvh, d)  # [T, NH+KVH, D]: queries and keys rotate together
@@ -78,7 +79,7 @@ def attention(
         mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
         decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)  # [B, KVH, NH/KVH, D]
         if not meta.prefills:
-            return decoded.reshape(b, nh * d) @ w.o.t()  # [T, H]
+            return linear(decoded.reshape(b, nh * d), w.o)  # [T, H]
     out = torch.empty(t, nh, d, dtype=x.dtype)  # [T, NH, D]
     if decoded is not None:
         out[:b] = decoded.reshape(b, nh, d)
@@ -93,4 +94,4 @@ def attention(
             mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - meta.sliding_window)  # [n, n]
             o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
         out[start : start + n] = o.transpose(0, 1)
-    return out.view(t, nh * d) @ w.o.t()  # [T, H]
+    return linear(out.view(t, nh * d), w.o)  # [T, H]

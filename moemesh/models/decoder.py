@@ -19,7 +19,7 @@ from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, matmul_layout, rms_norm, rope_for_step, silu_mlp
+from moemesh.models.layers import RotaryTable, linear, matmul_layout, rms_norm, rope_for_step, silu_mlp
 from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan, routes_all
 from moemesh.moe.expert_compute import AllExpertsCompute, ExpertCompute
@@ -67,7 +67,7 @@ class MoeDecoderLM:
                 bar.update(1)
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
         if cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
-            self.lm_head = self.embed = matmul_layout(embed)  # one copy, laid out for the LM head's matmul
+            self.lm_head = self.embed = matmul_layout(embed, pack=False)  # one copy, also indexed
         else:
             self.embed = embed
             self.lm_head = matmul_layout(reader.get("lm_head.weight", shape=(v, h), dtype=dtype))  # [V, H]
@@ -151,7 +151,7 @@ class MoeDecoderLM:
                 continue
             lk = knobs.for_layer(idx)
             top_k = lk.top_k or cfg.top_k
-            router_logits = h @ lyr.router.t()  # [T, E]
+            router_logits = linear(h, lyr.router)  # [T, E]
             if all_capable and routes_all(t, cfg.num_experts, top_k, lk.capacity_factor):
                 future = experts.submit_all(idx, h, softmax_all(router_logits, cfg.norm_topk_prob))
                 if future is not None:  # every token to every expert: no dispatch rows, combined there
@@ -164,7 +164,7 @@ class MoeDecoderLM:
             yield
             x = x + combine(future.result(), plan, t)
         h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
-        return (h @ self.lm_head.t()).float()  # [R, V]
+        return linear(h, self.lm_head).float()  # [R, V]
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
         """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""

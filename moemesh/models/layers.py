@@ -64,14 +64,18 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def matmul_layout(w: Tensor) -> Tensor:
-    """w [out, in] -> the same values as a [out, in] tensor whose storage suits `x @ w.t()` best on the CPU:
-    float32 is held [in, out] contiguous (w is then its transposed view), since MKL's float32 path reads
-    it about 1.4x faster at one or a few rows per step (the decode case); other dtypes (bfloat16:
-    oneDNN) are fastest as stored [out, in]."""
-    if w.dtype != torch.float32 or w.device.type != "cpu" or w.dim() != 2:
+def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
+    """w [out, in] -> the same values held as suits `linear(x, w)` best on the CPU: float32 is held
+    [in, out] contiguous (returned as its [out, in] transposed view), since MKL's float32 path reads it
+    about 1.4x faster at one or a few rows per step (the decode case); bfloat16 is packed by oneDNN
+    (`packed_for_linear`; only `linear` can use it, so pack=False where the tensor is also indexed);
+    anything else is returned as is."""
+    if w.device.type != "cpu" or w.dim() != 2:
         return w
-    return w.t().contiguous().t()
+    if w.dtype == torch.float32:
+        return w.t().contiguous().t()
+    packed = packed_for_linear(w) if pack else None
+    return w if packed is None else packed
 
 
 def packed_for_linear(w: Tensor) -> Tensor | None:
@@ -91,6 +95,6 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
 
 def silu_mlp(x: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
     """Dense SwiGLU MLP. x [T, H], gate_up [2I, H] (gate rows then up rows), down [H, I] -> [T, H]."""
-    h = x @ gate_up.t()  # [T, 2I]
+    h = linear(x, gate_up)  # [T, 2I]
     inter = h.shape[-1] // 2
-    return (F.silu(h[:, :inter]) * h[:, inter:]) @ down.t()
+    return linear(F.silu(h[:, :inter]) * h[:, inter:], down)

@@ -1,14 +1,17 @@
 import torch
 
-from moemesh.models.layers import matmul_layout
+from moemesh.models.layers import linear, matmul_layout
 
 
-def test_matmul_layout_keeps_values_and_shape():
-    w = torch.randn(6, 4)
-    held = matmul_layout(w)
-    assert held.shape == (6, 4) and torch.equal(held, w)
-    assert held.t().is_contiguous()  # float32 is stored [in, out]
+def test_matmul_layout_keeps_the_products():
     x = torch.randn(3, 4)
-    torch.testing.assert_close(x @ held.t(), x @ w.t())
-    b = w.bfloat16()
-    assert matmul_layout(b) is b  # other dtypes stay [out, in]
+    for dtype in (torch.float32, torch.bfloat16):
+        w = torch.randn(6, 4).to(dtype)
+        held = matmul_layout(w)
+        assert held.shape == (6, 4)
+        torch.testing.assert_close(linear(x.to(dtype), held), x.to(dtype) @ w.t())
+    w = torch.randn(6, 4)
+    assert matmul_layout(w).t().is_contiguous()  # float32 is stored [in, out]
+    b = torch.randn(6, 4).bfloat16()
+    assert matmul_layout(b, pack=False) is b  # kept indexable
+    assert matmul_layout(b).is_mkldnn == torch.backends.mkldnn.is_available()
