@@ -68,3 +68,18 @@ def wait_idle(address: str, timeout_s: float = 10.0):
         if (load.running == 0 and load.waiting == 0 and load.free_blocks == load.total_blocks) or time.monotonic() > deadline:
             return load
         time.sleep(0.05)
+
+
+def assert_same_generation(got: dict, expected: dict, logprob_atol: float = 1e-4) -> None:
+    """Two `--json` generations agree: ids, text and finish reason exactly; logprobs to float rounding.
+
+    Logprobs are compared with a tolerance because float32 matmul results depend on the batch they are
+    computed in (micro-batches, expert rows split over servers), which moves the last bits only.
+    """
+    import pytest
+
+    for key in ("prompt_token_ids", "token_ids", "text", "finish_reason"):
+        assert got[key] == expected[key], key
+    assert got["logprobs"] == pytest.approx(expected["logprobs"], abs=logprob_atol)
+    assert got["prompt_logprobs"][0] is None and expected["prompt_logprobs"][0] is None
+    assert got["prompt_logprobs"][1:] == pytest.approx(expected["prompt_logprobs"][1:], abs=logprob_atol)

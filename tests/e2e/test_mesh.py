@@ -10,7 +10,7 @@ import pytest
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
 from router_svc.client import build_request
-from tests.e2e.helpers import gen_grpc, generate_json, run_json, wait_idle
+from tests.e2e.helpers import assert_same_generation, gen_grpc, generate_json, run_json, wait_idle
 
 MESHES = [
     pytest.param((1, "grpc", None), id="1-expert-grpc"),
@@ -40,14 +40,7 @@ def dtype_flags(mesh):
 def test_greedy_output_equals_moemesh_run(mesh, tiny_model_dir, prompt):
     args = [*prompt, "--max-new-tokens", "10"]
     expected = run_json("--model", str(tiny_model_dir), *args, *dtype_flags(mesh))
-    got = generate_json(mesh.router_addr, *args)
-    assert got["token_ids"] == expected["token_ids"]
-    assert got["text"] == expected["text"]
-    assert got["prompt_token_ids"] == expected["prompt_token_ids"]
-    assert got["finish_reason"] == expected["finish_reason"]
-    assert got["logprobs"] == pytest.approx(expected["logprobs"], abs=1e-4)
-    assert got["prompt_logprobs"][0] is None
-    assert got["prompt_logprobs"][1:] == pytest.approx(expected["prompt_logprobs"][1:], abs=1e-4)
+    assert_same_generation(generate_json(mesh.router_addr, *args), expected)
 
 
 def test_32_concurrent_streams_complete_with_correct_results(mesh, tiny_model_dir):
