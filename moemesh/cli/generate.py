@@ -5,19 +5,13 @@ import argparse
 import json
 import sys
 
+from moemesh.cli.prompt_args import add_prompt_and_sampling_args
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate through a running mesh's router (gRPC client)")
     p.add_argument("--addr", required=True, metavar="HOST:PORT", help="the router's address")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", metavar="TEXT", help="prompt text (wrapped in the chat template when the model has one)")
-    src.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids")
-    p.add_argument("--raw-prompt", action="store_true", help="do not apply the chat template to --prompt")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off")
-    p.add_argument("--seed", type=int, default=None, metavar="S")
+    add_prompt_and_sampling_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--model", default="", help="model name to ask for (default: whatever the mesh serves)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline for the whole request")

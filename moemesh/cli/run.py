@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from moemesh.cli.prompt_args import add_prompt_and_sampling_args
+
 EXPERT_DTYPES = ("bf16", "fp8", "mxfp4", "nvfp4")
 
 
@@ -36,15 +38,7 @@ class RunArgs:
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="generate from a model directory in this process (no services)")
     p.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model directory")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", metavar="TEXT", help="prompt text (wrapped in the chat template when the model has one)")
-    src.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids (no tokenizer needed)")
-    p.add_argument("--raw-prompt", action="store_true", help="do not apply the chat template to --prompt")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off")
-    p.add_argument("--seed", type=int, default=None, metavar="S")
+    add_prompt_and_sampling_args(p)
     p.add_argument("--experts-dtype", choices=EXPERT_DTYPES, default=None, help="expert weight format (default: as stored)")
     p.add_argument("--moe-top-k", type=int, default=None, metavar="K", help="experts per token (default: the model's)")
     p.add_argument("--capacity-factor", type=float, default=0.0, metavar="CF", help=">0 capped, 0 dropless, <0 dropless up to |CF|")
