@@ -31,6 +31,7 @@ class ExpertServerConfig:
     dist_timeout_s: float = field(default=60.0, metadata={"help": "forming a dist pair group or one transfer may take this long"})
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight work gets this long"})
     compute_threads: int = field(default=1, metadata={"help": "Forward calls computed concurrently"})
+    num_threads: int = field(default=0, metadata={"help": "torch intra-op threads for the expert GEMMs (0 = torch's default: every core)"})
     load_window_s: float = field(default=60.0, metadata={"help": "sliding window of the per-expert token counts reported to the control plane"})
     metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port; unset = no metrics endpoint, 0 = any free port"})
     rpc: RpcConfig = RpcConfig()
@@ -51,6 +52,8 @@ class ExpertServerConfig:
         for name in ("drain_timeout_s", "dist_timeout_s", "load_window_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.num_threads < 0:
+            raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
         if self.compute_threads < 1:
             raise ValueError(f"compute_threads must be >= 1, got {self.compute_threads}")
         if self.advertise_addr is not None and ":" not in self.advertise_addr:

@@ -39,6 +39,10 @@ def server_info(parts: ExpertServerParts) -> ServerInfo:
 
 
 async def run(cfg: ExpertServerConfig, stop: asyncio.Event) -> None:
+    if cfg.num_threads:
+        import torch
+
+        torch.set_num_threads(cfg.num_threads)
     parts = build_expert_server(cfg)
     await parts.server.start()
     agent = None

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -28,7 +29,13 @@ class MeshSpec:
     port: int = 0  # the router's; 0 = any free port
     start_timeout_s: float = 300.0
     grace_s: float = 10.0
-    attention_threads: int = 0
+    attention_threads: int = 0  # 0 = this machine's cores split evenly over the compute processes
+
+    def threads_per_process(self) -> int:
+        """torch threads for each expert server and attention replica: every process on this machine
+        with as many OpenMP threads as cores spin-waits the others off the cores (a decode step
+        several times slower), so the cores are split evenly, at least one each."""
+        return max(1, (os.cpu_count() or 1) // (self.expert_servers + self.attention_replicas))
 
     def __post_init__(self) -> None:
         if self.expert_servers < 1:
@@ -89,6 +96,7 @@ class Mesh:
                 self._spawn(f"expert-{i}", "expert", {
                     "model_dir": s.model_dir, "control_addr": self.control_addr,
                     "experts_dtype": s.experts_dtype, "transport": "grpc" if s.transport == "grpc" else "auto",
+                    "num_threads": s.threads_per_process(),
                 })
                 for i in range(s.expert_servers)
             ]
@@ -96,7 +104,7 @@ class Mesh:
             attention = [
                 self._spawn(f"attention-{i}", "attention", {
                     "model_dir": s.model_dir, "control_addr": self.control_addr, "transport": s.transport,
-                    "num_threads": s.attention_threads or None,
+                    "num_threads": s.attention_threads or s.threads_per_process(),
                 })
                 for i in range(s.attention_replicas)
             ]
