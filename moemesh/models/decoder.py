@@ -25,6 +25,7 @@ from moemesh.moe.dispatch import make_plan, routes_all
 from moemesh.moe.expert_compute import AllExpertsCompute, ExpertCompute
 from moemesh.moe.gate import softmax_all, softmax_topk
 from moemesh.moe.knobs import MoeKnobs
+from moemesh.models.stages import run_to_end
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,4 @@ class MoeDecoderLM:
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
         """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""
-        stages = self.forward_stages(meta, kv_caches, experts, knobs)
-        while True:
-            try:
-                next(stages)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(self.forward_stages(meta, kv_caches, experts, knobs))

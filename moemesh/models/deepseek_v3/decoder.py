@@ -23,6 +23,7 @@ from moemesh.models.deepseek_v3.moe import DenseMLP, GroupedMoE, load_dense_mlp,
 from moemesh.models.layers import rms_norm
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.moe.knobs import MoeKnobs
+from moemesh.models.stages import run_to_end
 
 # attend(h [T, H], weights, meta, (k_cache, v_cache)) -> [T, H]
 Attend = Callable[[Tensor, Any, BatchMeta, tuple[Tensor, Tensor]], Tensor]
@@ -108,9 +109,4 @@ class GroupedGateDecoderLM:
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
         """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""
-        stages = self.forward_stages(meta, kv_caches, experts, knobs)
-        while True:
-            try:
-                next(stages)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(self.forward_stages(meta, kv_caches, experts, knobs))

@@ -28,6 +28,7 @@ from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.moe.knobs import MoeKnobs
+from moemesh.models.stages import run_to_end
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,4 @@ class GptOssForCausalLM:
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
         """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""
-        stages = self.forward_stages(meta, kv_caches, experts, knobs)
-        while True:
-            try:
-                next(stages)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(self.forward_stages(meta, kv_caches, experts, knobs))
