@@ -1,0 +1,129 @@
+"""Policy rules on pods and objects: probes, resources, security context, selectors, pools, model volume."""
+from __future__ import annotations
+
+from deploy.manifest import (
+    MODEL_CLAIM,
+    Obj,
+    containers_of,
+    grpc_port_of,
+    obj_name,
+    selector_matches,
+    template_labels_of,
+    workloads_of,
+)
+from deploy.render import pod_specs
+
+
+def check_probes(objs: list[Obj], **_) -> list[str]:
+    out = []
+    for o in objs:
+        if o.get("kind") != "Deployment":
+            continue
+        for c in pod_specs(o)[0].get("containers", []):
+            port = grpc_port_of(c)
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                p = c.get(probe)
+                if not p or "grpc" not in p:
+                    out.append(f"{obj_name(o)} container {c['name']}: no gRPC {probe}")
+                elif p["grpc"].get("port") != port:
+                    out.append(f"{obj_name(o)} container {c['name']}: {probe} port {p['grpc'].get('port')} != gRPC port {port}")
+    return out
+
+
+def check_resources(objs: list[Obj], **_) -> list[str]:
+    out = []
+    for o in workloads_of(objs):
+        for c in containers_of(pod_specs(o)[0]):
+            res = c.get("resources", {})
+            for kind in ("requests", "limits"):
+                for r in ("cpu", "memory"):
+                    if r not in (res.get(kind) or {}):
+                        out.append(f"{obj_name(o)} container {c['name']}: no {r} {kind[:-1]}")
+            req, lim = res.get("requests") or {}, res.get("limits") or {}
+            if ("nvidia.com/gpu" in req or "nvidia.com/gpu" in lim) and str(req.get("nvidia.com/gpu")) != str(lim.get("nvidia.com/gpu")):
+                out.append(f"{obj_name(o)} container {c['name']}: nvidia.com/gpu request != limit")
+            device = next((e.get("value", "") for e in c.get("env", []) if e.get("name", "").endswith("_DEVICE")), "")
+            if str(device).startswith("cuda") and int(str(lim.get("nvidia.com/gpu", "0"))) < 1:
+                out.append(f"{obj_name(o)} container {c['name']}: computes on {device} without an nvidia.com/gpu limit")
+    return out
+
+
+def check_security(objs: list[Obj], **_) -> list[str]:
+    out = []
+    for o in workloads_of(objs):
+        spec = pod_specs(o)[0]
+        pod = spec.get("securityContext", {}) or {}
+        for c in containers_of(spec):
+            sc = c.get("securityContext", {}) or {}
+            where = f"{obj_name(o)} container {c['name']}"
+            if not (sc.get("runAsNonRoot", pod.get("runAsNonRoot")) is True):
+                out.append(f"{where}: runAsNonRoot is not true")
+            if sc.get("runAsUser", pod.get("runAsUser")) == 0:
+                out.append(f"{where}: runs as uid 0")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                out.append(f"{where}: root filesystem is not read-only")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                out.append(f"{where}: privilege escalation is not disabled")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+                out.append(f"{where}: capabilities are not all dropped")
+            if sc.get("privileged"):
+                out.append(f"{where}: privileged")
+    return out
+
+
+def check_selectors(objs: list[Obj], **_) -> list[str]:
+    out = []
+    pods = [(o, template_labels_of(o)) for o in workloads_of(objs)]
+    deployments = {o["metadata"]["name"]: o for o in objs if o.get("kind") == "Deployment"}
+    for o in objs:
+        kind, spec = o.get("kind"), o.get("spec", {})
+        if kind == "Deployment" and not selector_matches(spec.get("selector"), template_labels_of(o)):
+            out.append(f"{obj_name(o)}: selector does not match its pod labels")
+        elif kind == "Service" and not any(selector_matches({"matchLabels": spec.get("selector", {})}, lab) for _, lab in pods):
+            out.append(f"{obj_name(o)}: selects no pods")
+        elif kind == "PodDisruptionBudget":
+            hits = [w for w, lab in pods if w.get("kind") == "Deployment" and selector_matches(spec.get("selector"), lab)]
+            if len(hits) != 1:
+                out.append(f"{obj_name(o)}: selects {len(hits)} Deployments, want exactly 1")
+        elif kind == "NetworkPolicy" and not any(selector_matches(spec.get("podSelector"), lab) for _, lab in pods):
+            out.append(f"{obj_name(o)}: selects no pods")
+        elif kind == "HorizontalPodAutoscaler":
+            ref = spec.get("scaleTargetRef", {})
+            if ref.get("kind") != "Deployment" or ref.get("name") not in deployments:
+                out.append(f"{obj_name(o)}: targets no Deployment of these manifests ({ref})")
+    return out
+
+
+def check_pools(objs: list[Obj], **_) -> list[str]:
+    out = []
+    pdbs = [o for o in objs if o.get("kind") == "PodDisruptionBudget"]
+    hpas = [o for o in objs if o.get("kind") == "HorizontalPodAutoscaler"]
+    for o in objs:
+        if o.get("kind") != "Deployment" or template_labels_of(o).get("app.kubernetes.io/component") not in ("expert", "attention"):
+            continue
+        if not any(selector_matches(p["spec"].get("selector"), template_labels_of(o)) for p in pdbs):
+            out.append(f"{obj_name(o)}: no PodDisruptionBudget")
+        if not any(h["spec"].get("scaleTargetRef", {}).get("name") == o["metadata"]["name"] for h in hpas):
+            out.append(f"{obj_name(o)}: no HorizontalPodAutoscaler")
+    return out
+
+
+
+def check_model_volume(objs: list[Obj], **_) -> list[str]:
+    out = []
+    for o in objs:
+        if o.get("kind") != "Deployment":
+            continue
+        spec = pod_specs(o)[0]
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        model = [n for n, v in vols.items() if (v.get("persistentVolumeClaim") or {}).get("claimName") == MODEL_CLAIM]
+        if not model:
+            out.append(f"{obj_name(o)}: does not mount the model volume ({MODEL_CLAIM})")
+            continue
+        if vols[model[0]]["persistentVolumeClaim"].get("readOnly") is not True:
+            out.append(f"{obj_name(o)}: model claim is not readOnly")
+        for c in containers_of(spec):
+            for m in c.get("volumeMounts", []):
+                if m["name"] in model and m.get("readOnly") is not True:
+                    out.append(f"{obj_name(o)} container {c['name']}: model mounted read-write")
+    return out
