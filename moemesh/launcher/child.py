@@ -3,24 +3,39 @@
 Each child runs in its own session (so its whole process group can be signalled) and asks the
 kernel to SIGKILL it if the launcher dies (PR_SET_PDEATHSIG), so even a killed launcher leaves no
 orphans. Output goes to a log file whose tail is shown when the child fails.
+
+The death signal is set by a tiny exec wrapper (`_PDEATHSIG_WRAPPER`), not by a `preexec_fn`: a
+`preexec_fn` makes Python fork() the launcher, which runs gRPC core's fork handlers in a process
+full of gRPC threads, and those can deadlock the launcher or the child. Without one, subprocess
+uses vfork/posix_spawn, which runs no fork handlers. The wrapper keeps the pid (it execs), so
+`Child.pid` is the service's own pid.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
+# argv: PARENT_PID PROGRAM ARGS...; asks for SIGKILL when the parent dies (PR_SET_PDEATHSIG = 1),
+# exits if the parent already died before that, then execs PROGRAM in place.
+_PDEATHSIG_WRAPPER = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the process group kill on shutdown still applies
-        pass
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """`argv` run through the death-signal wrapper (Linux); unchanged elsewhere, where the
+    process-group kill on shutdown still applies."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_WRAPPER, str(os.getpid()), *argv]
 
 
 class Child:
@@ -30,13 +45,12 @@ class Child:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            argv,
+            with_parent_death_signal(argv),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
 
     @property

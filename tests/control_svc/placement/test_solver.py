@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from control_svc.placement import (
-    Placement, ServerBudget, balancedness, initial_placement, placement_diff, solve,
+    Placement, ServerBudget, balancedness, initial_placement, placement_diff, server_loads, solve,
 )
 from tests.control_svc.placement.strategies import problems
 
@@ -67,8 +67,15 @@ def test_few_moves_on_small_load_change(seed, a):
     g = torch.Generator().manual_seed(seed)
     drifted = load * (1 + 0.03 * (2 * torch.rand(load.shape, generator=g, dtype=torch.float64) - 1))
     again = solve(drifted, servers, current=first)
-    assert placement_diff(first, again).moves <= 4  # of 160 copies
     assert balancedness(drifted, again) >= balancedness(drifted, first) - 1e-12
+    # The rule: a layer moves only for a peak server load more than `tolerance` (5%) lower than
+    # keeping it; the solver is a heuristic, so a drift can open such a better packing, but then
+    # the gain pays for the moves. Layers that keep their peak within 5% move nothing.
+    before = server_loads(drifted, first, servers).max(dim=1).values
+    after = server_loads(drifted, again, servers).max(dim=1).values
+    for layer in range(4):
+        moved = placement_diff(Placement(0, {layer: first.replicas[layer]}), Placement(0, {layer: again.replicas[layer]})).moves
+        assert moved == 0 or after[layer] * 1.05 < before[layer], (layer, moved, float(before[layer]), float(after[layer]))
 
 
 @settings(max_examples=10, deadline=None)

@@ -82,6 +82,26 @@ def test_log_tail_shows_the_last_lines(tmp_path):
     stop_all([child], 1)
 
 
+def test_starting_a_child_runs_no_fork_handlers(tmp_path):
+    """A fork() would run gRPC core's fork handlers in the launcher (they can deadlock it with gRPC
+    threads busy); children must start through vfork/posix_spawn, which run none."""
+    calls = []
+    os.register_at_fork(before=lambda: calls.append("before"), after_in_parent=lambda: calls.append("parent"))
+    child = Child("quick", [sys.executable, "-c", "pass"], tmp_path / "quick.log")
+    child.proc.wait(timeout=30)
+    stop_all([child], 1)
+    assert calls == []
+
+
+def test_child_pid_is_the_program_pid_and_env_reaches_it(tmp_path):
+    code = "import os; print(os.getpid(), os.environ['MOEMESH_PROBE'], flush=True)"
+    child = Child("pid", [sys.executable, "-c", code], tmp_path / "pid.log", env={**os.environ, "MOEMESH_PROBE": "yes"})
+    child.proc.wait(timeout=30)
+    assert child.log_tail(1) == f"{child.pid} yes"
+    assert child.proc.returncode == 0
+    stop_all([child], 1)
+
+
 def test_wait_serving_notices_an_exited_child():
     with pytest.raises(ChildExited):
         wait_serving(f"127.0.0.1:{free_port()}", timeout_s=30, alive=lambda: False)
