@@ -55,7 +55,7 @@ class BenchConfig:
     concurrent: int
     threads: int
     repeats: int
-    pack_experts: bool
+    pack_experts: bool | None
 
 
 def build_random_demo_shape(out: Path) -> Path:
@@ -79,6 +79,9 @@ def default_model_dir(tmp: Path) -> Path:
 def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
     return torch.randint(3, vocab, (n, length), generator=g).tolist()
+
+
+PACK_CHOICES = {"auto": None, "on": True, "off": False}
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,8 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
     best = {k: Rate(max(r.wall for r in v), max(r.cpu for r in v), min(r.step_s for r in v)) for k, v in runs.items()}
     bytes_per_step = engine.model.weight_bytes() + expert_bytes(engine)
     achieved = bytes_per_step / best["e1"].step_s / 1e9
-    print(f"\n[{dtype_name}] {model_dir}")
+    packed = any(c.gate_up.is_mkldnn for c in getattr(engine.experts, "concatenated", {}).values())
+    print(f"\n[{dtype_name}] {model_dir} (packed expert copy: {'yes' if packed else 'no'})")
     print(f"{'case':<16}{'moemesh tok/s':>15}{'transformers':>14}{'ratio':>7}   {'moemesh tok/CPU-s':>18}{'transformers':>14}{'ratio':>7}")
     for key, label in (("1", "batch 1"), ("n", f"{cfg.concurrent} concurrent")):
         e, h = best["e" + key], best["h" + key]
@@ -247,13 +251,14 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: EngineConfig's default)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--pack-experts", action="store_true", help="EngineConfig.pack_experts (bfloat16: packed expert copy)")
+    ap.add_argument("--pack-experts", choices=("auto", "on", "off"), default="auto",
+                    help="EngineConfig.pack_experts: a oneDNN-packed expert copy (auto: the engine's default)")
     a = ap.parse_args()
     dtypes = tuple(d.strip() for d in a.dtypes.split(",") if d.strip())
     for d in dtypes:
         if d not in DTYPES:
             raise SystemExit(f"--dtypes: unknown dtype {d!r} (choose from {', '.join(DTYPES)})")
-    cfg = BenchConfig(a.model, dtypes, a.new_tokens, a.prompt_len, a.concurrent, a.threads, a.repeats, a.pack_experts)
+    cfg = BenchConfig(a.model, dtypes, a.new_tokens, a.prompt_len, a.concurrent, a.threads, a.repeats, PACK_CHOICES[a.pack_experts])
     torch.set_num_threads(cfg.threads)
     limit = copy_bandwidth_gbs()
     print(f"threads {cfg.threads}, pack_experts {cfg.pack_experts}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}")

@@ -20,6 +20,9 @@ class EngineConfig:
     micro_batches: 1, or 2 to interleave two micro-batches layer by layer (ping-pong with remote experts).
     moe_top_k / capacity_factor: initial MoE knobs (None = the model's top-k; 0 = dropless).
     num_threads: torch intra-op threads (None = leave torch's default).
+    pack_experts: also hold a oneDNN-packed copy of the experts for steps that route every token to
+    every expert (CPU: bfloat16, or float32 with >= 2 threads); None = when it takes at most a quarter
+    of the memory available at load (see moe.local_experts.pack_by_default).
     device: where weights, KV cache and step tensors live: "cpu", "cuda" (the current CUDA device) or "cuda:N"."""
 
     model_dir: str
@@ -34,7 +37,7 @@ class EngineConfig:
     moe_top_k: int | None = None
     capacity_factor: float = 0.0
     num_threads: int | None = 1
-    pack_experts: bool = False
+    pack_experts: bool | None = None
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -51,6 +54,8 @@ class EngineConfig:
             raise ValueError(f"moe_top_k must be >= 1, got {self.moe_top_k}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.pack_experts not in (None, True, False):
+            raise ValueError(f"pack_experts must be true, false or None (auto), got {self.pack_experts!r}")
         check_device(self.device)
 
     def compute_dtype(self, checkpoint_dtype: torch.dtype) -> torch.dtype:

@@ -212,7 +212,7 @@ class LLMEngine:
 
 def build_model(
     cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, device: torch.device,
-    experts_dtype: str | None = None, expert_compute: ExpertCompute | None = None, pack_experts: bool = False,
+    experts_dtype: str | None = None, expert_compute: ExpertCompute | None = None, pack_experts: bool | None = None,
 ) -> tuple[object, ExpertCompute]:
     """The model (and, without `expert_compute`, its in-process experts) with every weight and table on
     `device`: checkpoint tensors are moved there as they are read, factory calls allocate there."""

@@ -65,25 +65,39 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
-    """w [out, in] -> the same values held as suits `linear(x, w)` best on the CPU: float32 is held
-    [in, out] contiguous (returned as its [out, in] transposed view), since MKL's float32 path reads it
-    about 1.4x faster at one or a few rows per step (the decode case); bfloat16 is packed by oneDNN
-    (`packed_for_linear`; only `linear` can use it, so pack=False where the tensor is also indexed);
-    anything else is returned as is."""
+    """w [out, in] -> the same values held as suits `linear(x, w)` best on the CPU:
+    - packed by oneDNN (`packed_for_linear`) where that applies: bfloat16 always, float32 when torch
+      runs 2 or more intra-op threads (only `linear` can use a packed tensor, so pack=False where the
+      tensor is also indexed);
+    - otherwise float32 is held [in, out] contiguous (returned as its [out, in] transposed view), since
+      MKL's single-threaded float32 path reads it about 1.4x faster at one or a few rows (decode);
+    - anything else is returned as is."""
     if w.device.type != "cpu" or w.dim() != 2:
         return w
+    packed = packed_for_linear(w) if pack else None
+    if packed is not None:
+        return packed
     if w.dtype == torch.float32:
         return w.t().contiguous().t()
-    packed = packed_for_linear(w) if pack else None
-    return w if packed is None else packed
+    return w
 
 
 def packed_for_linear(w: Tensor) -> Tensor | None:
-    """w [out, in] bfloat16 on the CPU -> a oneDNN-packed copy for `linear` (the same products, about
-    1.5x faster than `x @ w.t()` at 1-16 rows, measured on AVX-512-BF16); None where that does not apply."""
-    if w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.dim() != 2 or not torch.backends.mkldnn.is_available():
+    """w [out, in] on the CPU -> a oneDNN-packed copy for `linear`; None where that does not pay.
+    Measured on this project's 2-core AVX-512 machines, against the best plain layout, streaming the
+    demo model's matrices from memory: bfloat16 about 1.5x faster at 1-16 rows; float32 1.1-1.5x at
+    one row and 1.5-2x at 16 rows with 2 threads (MKL does not spread these sizes over both cores),
+    but slower than [in, out] with one thread, so float32 packs only when torch runs >= 2 threads."""
+    if w.dim() != 2 or not packing_applies(w.dtype, w.device):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
+
+
+def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `packed_for_linear` packs matrices of this dtype and device (see there)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.bfloat16 or (dtype == torch.float32 and torch.get_num_threads() >= 2)
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:

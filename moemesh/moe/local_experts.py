@@ -5,8 +5,9 @@ Shape legend: N rows grouped by expert, G experts with rows, E experts held, H h
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Mapping
+from typing import Iterable, Mapping
 
+import psutil
 import torch
 from torch import Tensor
 
@@ -15,9 +16,23 @@ from kernels.experts import apply_activation
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.checkpoint.progress import load_progress
+from moemesh.models.layers import packing_applies
 from moemesh.moe.all_experts import ConcatenatedExperts
 from moemesh.moe.expert_compute import completed
 from moemesh.moe.expert_loader import load_expert_weights
+
+
+AUTO_PACK_MEMORY_SHARE = 0.25
+
+
+def pack_by_default(concatenated: Iterable[ConcatenatedExperts]) -> bool:
+    """Whether to hold the packed copy when not told: on the CPU, where packing applies, and when the
+    copy takes at most AUTO_PACK_MEMORY_SHARE of the memory available now."""
+    cats = list(concatenated)
+    if not cats or not packing_applies(cats[0].gate_up.dtype, cats[0].gate_up.device):
+        return False
+    copy_bytes = sum(t.numel() * t.element_size() for c in cats for t in (c.gate_up, c.down))
+    return copy_bytes <= AUTO_PACK_MEMORY_SHARE * psutil.virtual_memory().available
 
 
 class LocalExperts:
@@ -26,10 +41,12 @@ class LocalExperts:
     dtype, one batched matmul per projection replaces the grouped path. Dense experts are also held in
     the concatenated layout of `ConcatenatedExperts` (their `down` re-viewed from it, no second copy),
     so `submit_all` (every token to every expert) is two plain matmuls.
-    pack: also hold a oneDNN-packed copy of the concatenated experts for `submit_all` (bfloat16 on the
-    CPU; memory for speed: a second copy of the expert weights)."""
+    pack: also hold a oneDNN-packed copy of the concatenated experts for `submit_all` (on the CPU:
+    bfloat16, or float32 with >= 2 torch threads; memory for speed: a second copy of the expert
+    weights). None = auto: pack when the copy takes at most `AUTO_PACK_MEMORY_SHARE` of the memory
+    available now (`pack_by_default`)."""
 
-    def __init__(self, weights: Mapping[int, ExpertWeights], pack: bool = False) -> None:
+    def __init__(self, weights: Mapping[int, ExpertWeights], pack: bool | None = None) -> None:
         self.weights: dict[int, ExpertWeights] = {}
         self.concatenated: dict[int, ConcatenatedExperts] = {}
         for layer, w in weights.items():
@@ -38,12 +55,16 @@ class LocalExperts:
                 self.weights[layer] = w
             else:
                 self.concatenated[layer], self.weights[layer] = adopted
-                if pack:
-                    self.concatenated[layer] = self.concatenated[layer].packed() or self.concatenated[layer]
+        if pack is None:
+            pack = pack_by_default(self.concatenated.values())
+        if pack:
+            for layer, cat in self.concatenated.items():
+                self.concatenated[layer] = cat.packed() or cat
 
     @classmethod
     def from_checkpoint(
-        cls, reader: CheckpointReader, cfg: ModelConfig, dtype: torch.dtype, experts_dtype: str | None = None, pack: bool = False
+        cls, reader: CheckpointReader, cfg: ModelConfig, dtype: torch.dtype, experts_dtype: str | None = None,
+        pack: bool | None = None,
     ) -> "LocalExperts":
         layers = cfg.moe_layers
         all_experts = list(range(cfg.num_experts))

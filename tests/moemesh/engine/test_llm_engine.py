@@ -179,3 +179,17 @@ def test_packed_experts_equal_plain_in_bfloat16(tiny_ckpt):
     assert packed_engine.experts.concatenated[0].gate_up.is_mkldnn == torch.backends.mkldnn.is_available()
     assert [r.token_ids for r in packed] == [r.token_ids for r in plain]
     assert [r.logprobs for r in packed] == [r.logprobs for r in plain]
+
+
+def test_float32_with_two_threads_packs_for_onednn_and_keeps_the_tokens(tiny_ckpt):
+    path, _ = tiny_ckpt("mixtral", num_experts_per_tok=4, num_local_experts=4, tie_word_embeddings=True)
+    plain = engine(path, num_threads=1).generate(PROMPTS, GREEDY)
+    packed_engine = engine(path, num_threads=2, pack_experts=True)
+    packed = packed_engine.generate(PROMPTS, GREEDY)
+    onednn = torch.backends.mkldnn.is_available()
+    assert packed_engine.model.lm_head.is_mkldnn == onednn  # tied: a packed copy of the embedding
+    assert not packed_engine.model.embed.is_mkldnn  # still indexable
+    assert packed_engine.experts.concatenated[0].gate_up.is_mkldnn == onednn
+    assert [r.token_ids for r in packed] == [r.token_ids for r in plain]
+    for a, b in zip(packed, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)

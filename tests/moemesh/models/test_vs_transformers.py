@@ -19,6 +19,7 @@ FP32_VARIANTS = {
         dict(norm_topk_prob=False, decoder_sparse_step=2, tie_word_embeddings=True, use_sliding_window=True, sliding_window=6),
     ),
     "qwen3_gqa4_top1": ("qwen3_moe", dict(num_attention_heads=8, num_key_value_heads=2, num_experts_per_tok=1)),
+    "mixtral_tied_all_experts": ("mixtral", dict(tie_word_embeddings=True, num_experts_per_tok=4, num_local_experts=4)),
 }
 
 
@@ -28,11 +29,17 @@ def run_engine(path, dtype: str = "auto", **cfg):
     return engine.generate([PROMPT], params)[0]
 
 
+# 1 thread: float32 matrices held [in, out] for MKL; 2 threads: packed by oneDNN (the tied LM head as a
+# second, packed copy) and, with pack_experts, the concatenated experts too.
+LAYOUTS = {"plain": dict(num_threads=1), "packed": dict(num_threads=2, pack_experts=True)}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("variant", sorted(FP32_VARIANTS))
-def test_fp32_prompt_logprobs_and_greedy_match_transformers(tiny_ckpt, variant):
+def test_fp32_prompt_logprobs_and_greedy_match_transformers(tiny_ckpt, variant, layout):
     arch, overrides = FP32_VARIANTS[variant]
     path, model = tiny_ckpt(arch, **overrides)
-    result = run_engine(path)
+    result = run_engine(path, **LAYOUTS[layout])
     assert result.prompt_logprobs[0] is None
     ours = torch.tensor(result.prompt_logprobs[1:])
     ref = torch.tensor(hf_prompt_logprobs(model, PROMPT))

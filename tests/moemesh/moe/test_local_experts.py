@@ -60,7 +60,7 @@ def test_submit_all_equals_uniform_dispatch_and_combine():
 
 def test_concatenated_layout_keeps_the_grouped_path_exact():
     w = weights()
-    local = LocalExperts({0: w})
+    local = LocalExperts({0: w}, pack=False)
     held = local.weights[0]  # one copy held: the [E, .., ..] weights are views of the concatenated ones
     assert held.down.data_ptr() == local.concatenated[0].down.data_ptr()
     assert held.gate_up.data_ptr() == local.concatenated[0].gate_up.data_ptr()
@@ -76,7 +76,7 @@ def test_packed_bf16_submit_all_equals_unpacked():
         pytest.skip("oneDNN not available")
     g = torch.Generator().manual_seed(3)
     w = ExpertWeights(torch.randn(4, 32, 64, generator=g).bfloat16(), torch.randn(4, 64, 16, generator=g).bfloat16())
-    plain, packed = LocalExperts({0: w}), LocalExperts({0: w}, pack=True)
+    plain, packed = LocalExperts({0: w}, pack=False), LocalExperts({0: w}, pack=True)
     assert packed.concatenated[0].gate_up.is_mkldnn
     for t in (1, 5):
         x = torch.randn(t, 64, generator=g).bfloat16()
@@ -85,3 +85,31 @@ def test_packed_bf16_submit_all_equals_unpacked():
     ids, counts = torch.tensor([0, 2]), torch.tensor([3, 1])  # the grouped path keeps the plain weights
     x = torch.randn(4, 64, generator=g).bfloat16()
     torch.testing.assert_close(packed.submit(0, x, ids, counts).result(), plain.submit(0, x, ids, counts).result())
+
+
+def test_packs_by_default_only_where_it_applies_and_fits(monkeypatch):
+    import types
+
+    import pytest
+
+    from moemesh.moe import local_experts
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN not available")
+    before = torch.get_num_threads()
+    bf16 = ExpertWeights(weights().gate_up.bfloat16(), weights().down.bfloat16())
+    try:
+        torch.set_num_threads(2)
+        assert LocalExperts({0: bf16}).concatenated[0].gate_up.is_mkldnn
+        assert LocalExperts({0: weights()}).concatenated[0].gate_up.is_mkldnn  # float32 with 2 threads
+        torch.set_num_threads(1)
+        assert not LocalExperts({0: weights()}).concatenated[0].gate_up.is_mkldnn  # MKL's layout is faster
+        assert LocalExperts({0: bf16}).concatenated[0].gate_up.is_mkldnn
+        copy_bytes = (bf16.gate_up.numel() + bf16.down.numel()) * 2  # the packed copy, bfloat16
+        monkeypatch.setattr(local_experts.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=4 * copy_bytes - 1))
+        assert not LocalExperts({0: bf16}).concatenated[0].gate_up.is_mkldnn  # would take over a quarter
+        assert LocalExperts({0: bf16}, pack=True).concatenated[0].gate_up.is_mkldnn  # asked for
+        monkeypatch.setattr(local_experts.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=4 * copy_bytes))
+        assert LocalExperts({0: bf16}).concatenated[0].gate_up.is_mkldnn
+    finally:
+        torch.set_num_threads(before)
