@@ -23,7 +23,7 @@ class AttentionConfig:
     max_num_seqs: int = field(default=64, metadata={"help": "sequences per step"})
     max_num_batched_tokens: int = field(default=4096, metadata={"help": "tokens per step"})
     max_model_len: int = field(default=0, metadata={"help": "context length (0 = the model's)"})
-    micro_batches: int = field(default=2, metadata={"help": "1, or 2 to overlap attention with the experts (ping-pong)"})
+    micro_batches: int = field(default=1, metadata={"help": "1, or 2 to overlap attention with the experts (ping-pong; pays when expert servers have cores of their own)"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads (0 = torch's default)"})
     failover_timeout_s: float = field(default=30.0, metadata={"help": "a MoE layer whose expert server died waits this long for a placement without it, then its requests fail UNAVAILABLE"})
     metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port (step time, batch size); unset = none, 0 = any free port"})

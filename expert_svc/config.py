@@ -31,6 +31,9 @@ class ExpertServerConfig:
     dist_timeout_s: float = field(default=60.0, metadata={"help": "forming a dist pair group or one transfer may take this long"})
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight work gets this long"})
     compute_threads: int = field(default=1, metadata={"help": "Forward calls computed concurrently"})
+    inline_max_elements: int = field(default=1 << 18, metadata={
+        "help": "with compute_threads 1, a Forward whose input has at most this many elements (decode-sized) "
+                "is computed on the event loop, saving two thread hand-offs; 0 = always on the compute pool"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads for the expert GEMMs (0 = torch's default: every core)"})
     load_window_s: float = field(default=60.0, metadata={"help": "sliding window of the per-expert token counts reported to the control plane"})
     metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port; unset = no metrics endpoint, 0 = any free port"})
@@ -56,6 +59,8 @@ class ExpertServerConfig:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
         if self.compute_threads < 1:
             raise ValueError(f"compute_threads must be >= 1, got {self.compute_threads}")
+        if self.inline_max_elements < 0:
+            raise ValueError(f"inline_max_elements must be >= 0, got {self.inline_max_elements}")
         if self.advertise_addr is not None and ":" not in self.advertise_addr:
             raise ValueError(f"advertise_addr must be host:port, got {self.advertise_addr!r}")
         for name in ("dtype", "experts_dtype", "transport", "preload"):

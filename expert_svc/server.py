@@ -36,6 +36,7 @@ class ExpertServerParts:
         return self.cfg.advertise_addr or f"{self.cfg.host}:{self.port}"
 
 
+
 def select_device(spec: str) -> torch.device:
     """torch.device for "cpu" / "cuda:N"; for CUDA, makes N the current device before any allocation."""
     device = torch.device(spec)
@@ -56,7 +57,9 @@ def build_expert_server(cfg: ExpertServerConfig) -> ExpertServerParts:
         shard.load_all()
     dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s) if cfg.offers_dist else None
     pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
-    servicer = ExpertServicer(shard, pool, cfg.rpc.max_message_bytes, dist, gpu)
+    servicer = ExpertServicer(
+        shard, pool, cfg.rpc.max_message_bytes, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0
+    )
     server = build_server(cfg.rpc, Service(expert_grpc.add_ExpertServiceServicer_to_server, servicer, SERVICE_NAME))
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     server.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))

@@ -39,17 +39,27 @@ def expert_set(held: dict[int, tuple[int, ...]]):
 
 class ExpertServicer(expert_grpc.ExpertServiceServicer):
     def __init__(
-        self, shard: ExpertShard, pool: ThreadPoolExecutor, max_message_bytes: int, dist: DistHub | None = None, gpu: GpuTelemetry | None = None
+        self, shard: ExpertShard, pool: ThreadPoolExecutor, max_message_bytes: int, dist: DistHub | None = None,
+        gpu: GpuTelemetry | None = None, inline_max_elements: int = 0,
     ):
+        """inline_max_elements: a gRPC Forward whose x has at most this many elements (a decode-sized
+        call) is computed on the event loop itself instead of the pool (0 = never). With one compute
+        thread the pool runs calls one at a time anyway, and its two thread hand-offs per call
+        (loop -> pool -> loop) are a large part of a small call's latency; larger calls (prefill)
+        stay on the pool so health checks and heartbeats are never held up long. The shard's layers
+        are immutable snapshots, so a LoadExperts running on the pool meanwhile stays safe."""
+        self.inline_max_elements = inline_max_elements
         self.gpu = gpu
         self.shard = shard
         self.pool = pool
         self.max_bytes = max_message_bytes
         self.dist = dist
 
-    async def _run(self, context, fn, *args):
-        """fn(*args) on the compute pool; domain errors become their gRPC status."""
+    async def _run(self, context, fn, *args, inline: bool = False):
+        """fn(*args) on the compute pool (or here, `inline`); domain errors become their gRPC status."""
         try:
+            if inline:
+                return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
         except (UnknownExperts, BadForward, CodecError, OverBudget) as e:
             await context.abort(status_of(e), str(e))
@@ -69,7 +79,10 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 x = decode(request.x, field="x", max_bytes=self.max_bytes, ndim=2)
             except CodecError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            y = await self._run(context, self.shard.forward, request.layer, x, list(request.expert_ids), list(request.counts))
+            y = await self._run(
+                context, self.shard.forward, request.layer, x, list(request.expert_ids), list(request.counts),
+                inline=x.numel() <= self.inline_max_elements,
+            )
             return expert_pb2.ForwardResponse(y=encode(y))
         finally:
             self.shard.stats.leave()

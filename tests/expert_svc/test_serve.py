@@ -24,7 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+    # on the compute pool (inline_max_elements=0): an inline call holds the event loop, so drain
+    # would only start once it is done
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
         release = threading.Event()
         real = srv.shard.forward
 
@@ -118,3 +120,29 @@ def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
         if expert is not None:
             stop(expert)
         assert stop(control) == 0
+
+
+def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(moe_dir, loop):
+    from tests.expert_svc.fixtures import HIDDEN
+
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=4 * HIDDEN) as (srv,):
+        ran_on, real = [], srv.shard.forward
+
+        def recording_forward(*args):
+            ran_on.append(threading.current_thread().name)
+            return real(*args)
+
+        srv.shard.forward = recording_forward
+
+        async def call(rows):
+            x, ids, counts = routed_rows(rows, [1, 2])
+            req = expert_pb2.ForwardRequest(layer=0, expert_ids=ids.tolist(), counts=counts.tolist())
+            encode(x, out=req.x)
+            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+                y = decode((await expert_grpc.ExpertServiceStub(ch).Forward(req, timeout=20)).y)
+            assert y.shape == x.shape
+
+        loop.run(call(4), 30)  # 4 * HIDDEN elements: inline
+        loop.run(call(5), 30)
+        assert ran_on[0] == loop.thread.name
+        assert ran_on[1].startswith("expert-compute")
