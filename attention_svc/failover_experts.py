@@ -68,29 +68,36 @@ class FailoverExperts:
     # ---- ExpertCompute -----------------------------------------------------------------------
     def submit(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor) -> Future:
         """x [N, H]; expert_ids [G]; counts [G] -> Future of [N, H], retried over failovers."""
+        return self._retried(layer, lambda: self.inner.submit(layer, x, expert_ids, counts))
+
+    def submit_all(self, layer: int, x: Tensor, weights: Tensor) -> Future:
+        """x [T, H]; weights [T, E] -> Future of the combined [T, H], retried over failovers."""
+        return self._retried(layer, lambda: self.inner.submit_all(layer, x, weights))
+
+    def _retried(self, layer: int, call: Callable[[], Future]) -> Future:
         out: Future = Future()
-        self._attempt(layer, x, expert_ids, counts, out, time.monotonic() + self.timeout_s)
+        self._attempt(layer, call, out, time.monotonic() + self.timeout_s)
         return out
 
-    def _attempt(self, layer, x, expert_ids, counts, out: Future, deadline: float) -> None:
+    def _attempt(self, layer: int, call: Callable[[], Future], out: Future, deadline: float) -> None:
         version = self.inner.placement.version
         try:
-            fut = self.inner.submit(layer, x, expert_ids, counts)
+            fut = call()
         except Exception as e:  # noqa: BLE001 - e.g. the adopted placement lacks this layer
             settle(out, error=e)
             return
-        fut.add_done_callback(lambda f: self._done(f, version, layer, x, expert_ids, counts, out, deadline))
+        fut.add_done_callback(lambda f: self._done(f, version, layer, call, out, deadline))
 
-    def _done(self, fut: Future, version: int, layer, x, expert_ids, counts, out: Future, deadline: float) -> None:
+    def _done(self, fut: Future, version: int, layer: int, call: Callable[[], Future], out: Future, deadline: float) -> None:
         err = fut.exception()
         if err is None:
             settle(out, value=fut.result())
         elif not isinstance(err, ExpertServerError) or err.code in NOT_RETRIED or time.monotonic() >= deadline:
             settle(out, error=err)
         else:  # wait for the new placement off the transport's thread
-            self._pool.submit(self._retry, err, version, layer, x, expert_ids, counts, out, deadline)
+            self._pool.submit(self._retry, err, version, layer, call, out, deadline)
 
-    def _retry(self, err: ExpertServerError, version: int, layer, x, expert_ids, counts, out: Future, deadline: float) -> None:
+    def _retry(self, err: ExpertServerError, version: int, layer: int, call: Callable[[], Future], out: Future, deadline: float) -> None:
         log.warning("layer %d on placement v%d failed (%s): waiting for a placement without %s", layer, version, err, err.server_id)
         try:
             self.report(err.server_id, str(err))
@@ -109,4 +116,4 @@ class FailoverExperts:
             return
         self.inner.begin_step()
         self.retries += 1
-        self._attempt(layer, x, expert_ids, counts, out, deadline)
+        self._attempt(layer, call, out, deadline)

@@ -6,6 +6,9 @@ G_s experts.
 For one MoE layer it splits each expert's rows evenly over that expert's replicas in the current
 `Placement`, sends one request per expert server (all concurrently, through each server's
 `ExpertTransport`), and reassembles the outputs in input order.
+`submit_all` (every token to every expert) instead sends each server the step's tokens once with
+the gate weights of its experts; the server combines, and the partial sums are added here in server
+order (deterministic). Each expert is computed by one of its copies, rotating with the step.
 
 Placement changes: `set_placement(p, servers)` stages version N+1; it is adopted by `begin_step()`
 (the step loop calls it between engine steps) or, automatically, when a new forward pass starts
@@ -95,6 +98,7 @@ class RemoteExperts:
         self._staged: tuple[Placement, dict[str, PeerInfo]] | None = None
         self._retired: list[tuple[int, ExpertTransport]] = []  # (version that retired it, transport)
         self._last_layer = -1
+        self._rotation = 0  # which copy of a replicated expert submit_all uses, advanced per call
         self.placement = Placement(version=0)
         self._install(placement, dict(servers))
 
@@ -203,6 +207,66 @@ class RemoteExperts:
                 fut = Future()
                 fut.set_exception(e)
             fut.add_done_callback(lambda f, r=req: done(r, f))
+        return result
+
+    def submit_all(self, layer: int, x: Tensor, weights: Tensor) -> Future:
+        """x [T, H], weights [T, E] float32 combine weights -> Future of [T, H] = sum_e weights[:, e] *
+        expert_e(x) in x.dtype, combined on the expert servers."""
+        if layer < self._last_layer:
+            self.begin_step()
+        self._last_layer = layer
+        if x.dim() != 2 or weights.dim() != 2 or weights.shape[0] != x.shape[0]:
+            raise ValueError(f"submit_all: x {list(x.shape)} must be [T, H] and weights {list(weights.shape)} [T, E]")
+        if x.shape[0] == 0:
+            return completed(torch.empty_like(x))
+        with self._lock:
+            placement = self.placement
+            transports = {sid: t for sid, (_, t) in self._transports.items()}
+            self._rotation += 1
+            rotation = self._rotation
+        if placement.version == 0:
+            raise RuntimeError("no placement yet: the control plane has not placed the experts")
+        replicas = placement.replicas.get(layer)
+        if replicas is None:
+            raise KeyError(f"placement v{placement.version} has no layer {layer}")
+        if len(replicas) != weights.shape[1]:
+            raise ValueError(f"submit_all: weights has {weights.shape[1]} experts, placement v{placement.version} layer {layer} has {len(replicas)}")
+        per_server: dict[str, list[int]] = {}
+        for e, copies in enumerate(replicas):
+            per_server.setdefault(copies[(e + rotation) % len(copies)], []).append(e)
+        w = weights.float().cpu()  # [T, E]
+        partials: dict[str, Tensor] = {}
+        result: Future = Future()
+        self._enter(placement.version)
+
+        pending = [len(per_server)]
+
+        def done(sid: str, fut: Future) -> None:
+            try:
+                y = fut.result()  # [T, H]
+                with self._lock:
+                    partials[sid] = y
+            except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
+                settle(result, error=e)
+            with self._lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                self._leave(placement.version)
+                if not result.done():
+                    total = torch.zeros(x.shape, dtype=torch.float32)  # [T, H]
+                    for k in sorted(partials):  # fixed order: the same sum whichever server answers first
+                        total += partials[k].float().cpu()
+                    settle(result, value=total.to(x.device, x.dtype))
+
+        for sid, experts in sorted(per_server.items()):
+            ids = torch.tensor(experts, dtype=torch.int64)  # [G_s]
+            try:
+                fut = transports[sid].forward(layer, x, ids, None, placement.version, weights=w[:, ids].contiguous())
+            except Exception as e:  # noqa: BLE001 - e.g. encoding failed: report like a failed call
+                fut = Future()
+                fut.set_exception(e)
+            fut.add_done_callback(lambda f, sid=sid: done(sid, f))
         return result
 
     def _enter(self, version: int) -> None:

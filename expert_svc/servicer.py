@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import grpc
 import torch
@@ -79,13 +80,24 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 x = decode(request.x, field="x", max_bytes=self.max_bytes, ndim=2)
             except CodecError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            y = await self._run(
-                context, self.shard.forward, request.layer, x, list(request.expert_ids), list(request.counts),
-                inline=x.numel() <= self.inline_max_elements,
-            )
+            y = await self._run(context, self._computation(request, x), inline=x.numel() <= self.inline_max_elements)
             return expert_pb2.ForwardResponse(y=encode(y))
         finally:
             self.shard.stats.leave()
+
+    def _computation(self, request, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """The request's compute on x, as a call whose domain errors `_run` maps to statuses:
+        grouped rows, or combined on the server when the request carries weights."""
+        def compute() -> torch.Tensor:
+            if not request.HasField("weights"):
+                return self.shard.forward(request.layer, x, list(request.expert_ids), list(request.counts))
+            if len(request.counts):
+                raise BadForward("counts must be empty when weights is set (every expert computes every row of x)")
+            weights = decode(request.weights, field="weights", max_bytes=self.max_bytes, ndim=2)
+            return self.shard.forward_weighted(request.layer, x, list(request.expert_ids), weights)
+
+        compute.__name__ = "forward"
+        return compute
 
     def _forward_dist(self, request) -> None:
         """Receive x over the link, compute, send y back with the same tag (runs on the pool)."""
@@ -99,9 +111,9 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         shape = check_shape(list(d.shape), "dist")
         if len(shape) != 2:
             raise BadForward(f"dist.shape {list(shape)} must have 2 dimensions")
-        x = link.recv(shape, parse_dtype(d.dtype, "dist"), d.tag)  # [N, H]
+        x = link.recv(shape, parse_dtype(d.dtype, "dist"), d.tag)  # [N, H] (or [T, H] with weights)
         try:
-            y = self.shard.forward(request.layer, x, list(request.expert_ids), list(request.counts))
+            y = self._computation(request, x)()
         except Exception:
             link.send(torch.zeros_like(x), d.tag)  # the client is waiting on this tag: release it, then report
             raise

@@ -4,7 +4,9 @@ Shape legend: N rows grouped by expert, G experts named by a request, E experts 
 H hidden, I expert intermediate.
 
 Each layer's experts live in one `kernels.ExpertWeights` (E = the experts held, ascending), loaded
-with `load_expert_weights` from the memory-mapped checkpoint. `load`/`drop` build the layer's new
+with `load_expert_weights` from the memory-mapped checkpoint; dense experts are held in the
+concatenated layout of `ConcatenatedExperts` too (the same storage), so `forward_weighted` over all
+of them is two plain matmuls. `load`/`drop` build the layer's new
 weights off to the side and swap in an immutable `LayerShard`, so a forward that started on the old
 set finishes on it: a live placement change never disturbs a request in flight.
 """
@@ -24,6 +26,7 @@ from expert_svc.stats import ShardStats
 from kernels import ExpertWeights, grouped_expert_mlp
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
+from moemesh.moe.all_experts import ConcatenatedExperts
 from moemesh.moe.expert_loader import load_expert_weights
 
 
@@ -31,6 +34,7 @@ from moemesh.moe.expert_loader import load_expert_weights
 class LayerShard:
     expert_ids: tuple[int, ...]  # [E] logical ids held, ascending
     weights: ExpertWeights  # E experts in the order of expert_ids, on the shard's device
+    concatenated: ConcatenatedExperts | None = None  # the same E experts side by side (dense only)
 
     def local_index(self, layer: int, expert_ids: list[int]) -> list[int]:
         index = {e: i for i, e in enumerate(self.expert_ids)}
@@ -114,8 +118,13 @@ class ExpertShard:
             self.load(layer, range(self.model.num_experts))
 
     def _install(self, layer: int, expert_ids: list[int]) -> None:
-        w = load_expert_weights(self.reader, self.model, layer, expert_ids, self.dtype, self.experts_dtype)
-        self._layers[layer] = LayerShard(tuple(expert_ids), weights_to(w, self.device))
+        w = weights_to(load_expert_weights(self.reader, self.model, layer, expert_ids, self.dtype, self.experts_dtype), self.device)
+        adopted = ConcatenatedExperts.adopt(w)
+        if adopted is None:
+            self._layers[layer] = LayerShard(tuple(expert_ids), w)
+        else:  # the [E, .., ..] weights re-viewed from the concatenated storage: one copy
+            cat, w = adopted
+            self._layers[layer] = LayerShard(tuple(expert_ids), w, cat)
 
     def check_experts(self, layer: int, experts: Iterable[int]) -> set[int]:
         if not (0 <= layer < self.model.num_layers and self.model.is_moe_layer(layer)):
@@ -145,6 +154,47 @@ class ExpertShard:
             y = grouped_expert_mlp(xin, idx, cnt, shard.weights).to(x.device, x.dtype)  # [N, H]
         self.stats.record(layer, expert_ids, counts, time.perf_counter() - start)
         return y
+
+    def forward_weighted(self, layer: int, x: Tensor, expert_ids: list[int], weights: Tensor) -> Tensor:
+        """Combine on the server: x [T, H] (each token once), weights [T, G] float32 combine weights
+        for expert_ids [G] -> [T, H] = sum_g weights[:, g] * expert_g(x), in x.dtype on x.device.
+        Requests naming every expert held for the layer (the usual case: each expert's tokens go to
+        one of its copies) run as two matmuls over the concatenated experts; others through the
+        grouped GEMM with every token routed to every named expert."""
+        self.validate_weighted(layer, x, expert_ids, weights)
+        shard = self._layers.get(layer)
+        if shard is None:
+            raise UnknownExperts(f"layer {layer}: experts {list(expert_ids)} are not held by this server (it holds none of layer {layer})")
+        local = shard.local_index(layer, expert_ids)
+        t, g = x.shape[0], len(expert_ids)
+        start = time.perf_counter()
+        if t == 0:
+            y = torch.empty_like(x)
+        else:
+            xin = x.to(self.device, self.dtype)  # [T, H]
+            w = weights.to(self.device, torch.float32)  # [T, G]
+            cat = shard.concatenated
+            if cat is not None and sorted(local) == list(range(len(shard.expert_ids))):
+                full = torch.zeros(t, len(shard.expert_ids), dtype=torch.float32, device=self.device)  # [T, E]
+                full[:, torch.tensor(local, device=self.device)] = w
+                y = cat.mlp(xin, full)  # [T, H]
+            else:
+                idx = torch.tensor(local, dtype=torch.int64, device=self.device)  # [G]
+                cnt = torch.full((g,), t, dtype=torch.int64, device=self.device)  # [G]
+                rows = grouped_expert_mlp(xin.repeat(g, 1), idx, cnt, shard.weights).view(g, t, -1)  # [G, T, H]
+                y = (rows.float() * w.t()[:, :, None]).sum(0).to(self.dtype)  # [T, H]
+            y = y.to(x.device, x.dtype)
+        self.stats.record(layer, expert_ids, [t] * g, time.perf_counter() - start)
+        return y
+
+    def validate_weighted(self, layer: int, x: Tensor, expert_ids: list[int], weights: Tensor) -> None:
+        if not expert_ids:
+            raise BadForward("expert_ids must name at least one expert")
+        self.validate(layer, x, expert_ids, [x.shape[0]] + [0] * (len(expert_ids) - 1))
+        if weights.dim() != 2 or tuple(weights.shape) != (x.shape[0], len(expert_ids)):
+            raise BadForward(f"weights must be [T, G] = [{x.shape[0]}, {len(expert_ids)}] (rows of x, experts named), got {list(weights.shape)}")
+        if weights.dtype != torch.float32:
+            raise BadForward(f"weights.dtype must be float32, got {weights.dtype}")
 
     def validate(self, layer: int, x: Tensor, expert_ids: list[int], counts: list[int]) -> None:
         if x.dim() != 2 or x.shape[1] != self.model.hidden_size:

@@ -4,6 +4,8 @@ Shape legend: N rows grouped by expert, G experts in the request, H hidden.
 
     fut = transport.forward(layer, x[N, H], expert_ids[G], counts[G], placement_version)
     y = fut.result()            # [N, H] in x.dtype, on x.device
+    fut = transport.forward(layer, x[T, H], expert_ids[G], None, placement_version, weights[T, G])
+    y = fut.result()            # [T, H]: combined on the server
 
 Implementations: `GrpcTransport` (any host; the tensors ride in the gRPC message) and
 `DistTransport` (same node; gRPC carries ids and shapes, the tensors go over a torch.distributed
@@ -40,8 +42,12 @@ class ExpertServerError(RuntimeError):
 class ExpertTransport(Protocol):
     server_id: str
 
-    def forward(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor, placement_version: int = 0) -> Future:
-        """Future resolving to y [N, H] (x.dtype, x.device), or failing with ExpertServerError."""
+    def forward(
+        self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor | None, placement_version: int = 0, weights: Tensor | None = None
+    ) -> Future:
+        """Future resolving to y [N, H] (x.dtype, x.device), or failing with ExpertServerError.
+        With weights [T, G] float32 (and counts None) the server combines: x is [T, H] with each
+        token once and y [T, H] = sum_g weights[:, g] * expert_g(x)."""
         ...
 
     def close(self) -> None: ...

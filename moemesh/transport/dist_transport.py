@@ -19,7 +19,7 @@ from torch import Tensor
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.loop_thread import LoopThread
 from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error
-from moemesh.transport.codec import dtype_name
+from moemesh.transport.codec import dtype_name, encode
 from moemesh.transport.dist_link import DistLink, connect_store, host_id, pair_group, split_addr
 from moemesh.transport.grpc_transport import GrpcTransport, expert_pb2
 
@@ -39,11 +39,15 @@ class DistTransport:
         self._store = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dist-{peer.server_id}")
 
-    def forward(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor, placement_version: int = 0) -> Future:
-        """x [N, H], expert_ids [G], counts [G] -> Future of y [N, H]."""
-        return self.loop.submit(self._call(layer, x, expert_ids.tolist(), counts.tolist(), placement_version))
+    def forward(
+        self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor | None, placement_version: int = 0, weights: Tensor | None = None
+    ) -> Future:
+        """x [N, H], expert_ids [G], counts [G] -> Future of y [N, H]; with weights [T, G] (counts
+        None; they ride in the gRPC message) x and y are [T, H] (see ExpertTransport)."""
+        ids, cnts = expert_ids.tolist(), [] if counts is None else counts.tolist()
+        return self.loop.submit(self._call(layer, x, ids, cnts, placement_version, weights))
 
-    async def _call(self, layer: int, x: Tensor, ids: list[int], counts: list[int], version: int) -> Tensor:
+    async def _call(self, layer: int, x: Tensor, ids: list[int], counts: list[int], version: int, weights: Tensor | None = None) -> Tensor:
         loop = asyncio.get_running_loop()
         link = await loop.run_in_executor(self._pool, self.link)
         tag = link.new_tag()
@@ -54,6 +58,8 @@ class DistTransport:
             counts=counts,
             dist=expert_pb2.DistPayload(link_id=link.link_id, tag=tag, dtype=dtype_name(x.dtype), shape=list(x.shape)),
         )
+        if weights is not None:
+            encode(weights, out=req.weights)
         exchange = loop.run_in_executor(self._pool, self._exchange, link, x, tag)
         try:
             await self.rpc_transport.stub().Forward(req, timeout=self.timeout_s)

@@ -33,12 +33,18 @@ class GrpcTransport:
             self._stub = expert_grpc.ExpertServiceStub(self._channel)
         return self._stub
 
-    def forward(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor, placement_version: int = 0) -> Future:
-        """x [N, H], expert_ids [G], counts [G] -> Future of y [N, H]."""
+    def forward(
+        self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor | None, placement_version: int = 0, weights: Tensor | None = None
+    ) -> Future:
+        """x [N, H], expert_ids [G], counts [G] -> Future of y [N, H]; with weights [T, G] (counts
+        None) x is [T, H] and y the server-combined [T, H] (see ExpertTransport)."""
         req = expert_pb2.ForwardRequest(
-            layer=layer, placement_version=placement_version, expert_ids=expert_ids.tolist(), counts=counts.tolist()
+            layer=layer, placement_version=placement_version, expert_ids=expert_ids.tolist(),
+            counts=[] if counts is None else counts.tolist(),
         )
         encode(x, out=req.x)
+        if weights is not None:
+            encode(weights, out=req.weights)
         return self.loop.submit(self._call(req, x))
 
     async def _call(self, req, x: Tensor) -> Tensor:

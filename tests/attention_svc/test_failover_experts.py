@@ -38,6 +38,21 @@ def test_failed_layer_is_retried_on_the_placement_without_the_dead_server(moe_di
     experts.close()
 
 
+def test_a_combined_layer_is_retried_too(moe_dir):
+    cfg, weights, experts, reports = setup(moe_dir, timeout_s=10)
+    x, _, _ = routed_rows(6, [0])
+    gates = torch.softmax(torch.randn(6, 8, generator=torch.Generator().manual_seed(2)), -1)
+    fut = experts.submit_all(1, x, gates)
+    time.sleep(0.1)
+    assert not fut.done() and reports == ["bad"]
+    experts.set_placement(round_robin_placement(cfg.moe_layers, 8, [("good", 0)], version=2), peers(["good"]))
+    ids = torch.arange(8)
+    rows = grouped_expert_mlp(x.repeat(8, 1), ids, torch.full((8,), 6), weights[1]).view(8, 6, -1)
+    torch.testing.assert_close(fut.result(5), (rows * gates.t()[:, :, None]).sum(0), rtol=1e-5, atol=1e-5)
+    assert experts.retries == 1
+    experts.close()
+
+
 def test_no_placement_without_the_server_ends_in_unavailable_within_the_timeout(moe_dir):
     cfg, _, experts, reports = setup(moe_dir, timeout_s=0.5)
     x, ids, counts = routed_rows(10, list(range(8)))

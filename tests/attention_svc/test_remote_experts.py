@@ -47,13 +47,17 @@ class ShardTransport:
         self.closed = False
         self.versions = []
 
-    def forward(self, layer, x, expert_ids, counts, placement_version=0):
+    def forward(self, layer, x, expert_ids, counts, placement_version=0, weights=None):
         self.versions.append(placement_version)
         fut = Future()
         if self.fail:
             fut.set_exception(ExpertServerError(self.server_id, "127.0.0.1:1", "UNAVAILABLE: gone"))
-        else:
+        elif weights is None:
             fut.set_result(grouped_expert_mlp(x, expert_ids, counts, self.weights[layer]))
+        else:  # combined here, as a server does
+            g, t = len(expert_ids), x.shape[0]
+            rows = grouped_expert_mlp(x.repeat(g, 1), expert_ids, torch.full((g,), t), self.weights[layer]).view(g, t, -1)
+            fut.set_result((rows * weights.t()[:, :, None]).sum(0))
         return fut
 
     def close(self):
@@ -94,6 +98,10 @@ def test_server_failure_names_the_server_and_the_layer_can_be_retried(moe_dir):
     x, ids, counts = routed_rows(10, list(range(8)))
     with pytest.raises(ExpertServerError, match="expert server bad"):
         remote.submit(0, x, ids, counts).result()
+    with pytest.raises(ExpertServerError, match="expert server bad"):
+        remote.submit_all(0, x, torch.softmax(torch.randn(10, 8), -1)).result()
+    with pytest.raises(ValueError, match="weights"):
+        remote.submit_all(0, x, torch.rand(10, 7))
     with pytest.raises(ValueError, match="counts"):
         remote.submit(0, x, ids, counts + 1)
     remote.set_placement(round_robin_placement(cfg.moe_layers, 8, [("good", 0)], version=2), peers(["good"]))
@@ -117,6 +125,12 @@ def check_equals_local(remote, moe_dir, cfg, weights):
             # rows split over replicas change GEMM blocking: equal up to float32 rounding
             torch.testing.assert_close(got, local.submit(layer, x, ids, counts).result(), rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(got, grouped_expert_mlp(x, ids, counts, weights[layer]), rtol=1e-5, atol=1e-6)
+            # every token to every expert, combined on the servers: equals the in-process combine
+            t = torch.randn(9, x.shape[1], generator=torch.Generator().manual_seed(step))
+            gates = torch.softmax(torch.randn(9, 8, generator=torch.Generator().manual_seed(layer)), -1)
+            with torch.inference_mode():
+                combined = remote.submit_all(layer, t, gates).result(30)
+            torch.testing.assert_close(combined, local.submit_all(layer, t, gates).result(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("transport", ["grpc", "dist"])

@@ -55,7 +55,7 @@ def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop)
         held = call(loop, srv.port, "LoadExperts", expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[4, 5, 6])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 5, 6])]
         y = decode(call(loop, srv.port, "Forward", forward_request(1, x, ids, counts)).y)
-        torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[1]), rtol=0, atol=0)
+        torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[1]))  # float32 rounding: held [in, out]
         held = call(loop, srv.port, "DropExperts", expert_pb2.DropExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[5])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 6])]
         with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -71,6 +71,10 @@ def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop)
         (lambda r: r.ClearField("x"), "x is missing"),
         (lambda r: r.counts.append(1), "counts has"),
         (lambda r: r.__setattr__("layer", 9), "layer 9"),
+        (lambda r: r.weights.CopyFrom(encode(torch.rand(4, 1))), "counts must be empty when weights is set"),
+        (lambda r: (r.ClearField("counts"), r.weights.CopyFrom(encode(torch.rand(4, 2)))), "weights must be [T, G] = [4, 1]"),
+        (lambda r: (r.ClearField("counts"), r.weights.CopyFrom(encode(torch.rand(4, 1).double()))), "weights.dtype must be float32"),
+        (lambda r: (r.ClearField("counts"), r.weights.__setattr__("dtype", "pickle")), "weights.dtype"),
     ],
 )
 def test_garbage_requests_are_invalid_argument(moe_dir, loop, mutate, match):

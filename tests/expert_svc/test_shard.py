@@ -42,7 +42,11 @@ def test_live_load_and_drop_keep_results_exact(moe_dir):
     shard.load(0, [2])
     x, ids, counts = routed_rows(9, [2, 7])
     shard.load(0, [7])
-    torch.testing.assert_close(shard.forward(0, x, ids.tolist(), counts.tolist()), grouped_expert_mlp(x, ids, counts, weights[0]), rtol=0, atol=0)
+    got = shard.forward(0, x, ids.tolist(), counts.tolist())
+    at_once = make_shard(moe_dir)
+    at_once.load(0, [2, 7])
+    torch.testing.assert_close(got, at_once.forward(0, x, ids.tolist(), counts.tolist()), rtol=0, atol=0)  # loaded live == at once
+    torch.testing.assert_close(got, grouped_expert_mlp(x, ids, counts, weights[0]))  # float32 rounding: held [in, out]
     assert shard.drop(0, [2, 4]) == (7,)
     with pytest.raises(UnknownExperts):
         shard.forward(0, x, ids.tolist(), counts.tolist())
@@ -90,3 +94,22 @@ def test_quantized_experts_match_the_in_process_engine(moe_dir, fmt):
     x, ids, counts = routed_rows(11, [6, 3])
     want = local.submit(1, x, ids, counts).result()
     torch.testing.assert_close(shard.forward(1, x, ids.tolist(), counts.tolist()), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("experts", [list(range(8)), [1, 4, 6]])
+def test_forward_weighted_combines_on_the_server(moe_dir, experts):
+    """Every token to every named expert, weighted and summed here: all held experts take the
+    concatenated path, a subset the grouped one; both equal the weighted sum of grouped outputs."""
+    shard = ExpertShard.from_model_dir(str(moe_dir), "auto", torch.device("cpu"))
+    cfg, weights = all_weights(moe_dir)
+    shard.load(0, range(8))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, cfg.hidden_size, generator=g)
+    w = torch.softmax(torch.randn(6, len(experts), generator=g), -1)
+    ids = torch.tensor(experts)
+    rows = grouped_expert_mlp(x.repeat(len(experts), 1), ids, torch.full((len(experts),), 6), weights[0]).view(len(experts), 6, -1)
+    want = (rows * w.t()[:, :, None]).sum(0)
+    torch.testing.assert_close(shard.forward_weighted(0, x, experts, w), want, rtol=1e-5, atol=1e-5)
+    assert shard.forward_weighted(0, x[:0], experts, w[:0]).shape == (0, cfg.hidden_size)
+    with pytest.raises(BadForward, match="at least one expert"):
+        shard.forward_weighted(0, x, [], w[:, :0])
