@@ -27,6 +27,15 @@ STATUS = {
 }
 
 
+class CallFailed(Exception):
+    """A Forward that fails with `code` (a grpc.StatusCode) and `message`."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 def status_of(e: Exception) -> grpc.StatusCode | None:
     for cls, code in STATUS.items():
         if isinstance(e, cls):
@@ -56,17 +65,34 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         self.max_bytes = max_message_bytes
         self.dist = dist
 
-    async def _run(self, context, fn, *args, inline: bool = False):
-        """fn(*args) on the compute pool (or here, `inline`); domain errors become their gRPC status."""
+    async def _call(self, fn, *args, inline: bool = False):
+        """fn(*args) on the compute pool (or here, `inline`); failures raise `CallFailed` with their status."""
         try:
             if inline:
                 return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
         except (UnknownExperts, BadForward, CodecError, OverBudget) as e:
-            await context.abort(status_of(e), str(e))
+            raise CallFailed(status_of(e), str(e)) from None
         except Exception as e:  # noqa: BLE001 - e.g. an unreadable checkpoint: report, keep serving
             log.exception("%s failed", getattr(fn, "__name__", "call"))
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+            raise CallFailed(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}") from None
+
+    async def _run(self, context, fn, *args, inline: bool = False):
+        """`_call`, with a failure ending the RPC with its status."""
+        try:
+            return await self._call(fn, *args, inline=inline)
+        except CallFailed as e:
+            await context.abort(e.code, e.message)
+
+    async def _forward_rows(self, request) -> torch.Tensor:
+        """y for a request carrying x (grouped rows, or tokens with weights)."""
+        if not request.HasField("x"):
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, "x is missing (and dist is not set)")
+        try:
+            x = decode(request.x, field="x", max_bytes=self.max_bytes, ndim=2)
+        except CodecError as e:
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        return await self._call(self._computation(request, x), inline=x.numel() <= self.inline_max_elements)
 
     async def Forward(self, request, context):
         self.shard.stats.enter()
@@ -74,16 +100,28 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
             if request.HasField("dist"):
                 await self._run(context, self._forward_dist, request)
                 return expert_pb2.ForwardResponse()
-            if not request.HasField("x"):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x is missing (and dist is not set)")
             try:
-                x = decode(request.x, field="x", max_bytes=self.max_bytes, ndim=2)
-            except CodecError as e:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            y = await self._run(context, self._computation(request, x), inline=x.numel() <= self.inline_max_elements)
+                y = await self._forward_rows(request)
+            except CallFailed as e:
+                await context.abort(e.code, e.message)
             return expert_pb2.ForwardResponse(y=encode(y))
         finally:
             self.shard.stats.leave()
+
+    async def ForwardStream(self, request_iterator, context):
+        """Forward calls on one stream, answered in order; a failed call answers with its status in
+        the message and the stream goes on. Dist requests use Forward (they wait on the link)."""
+        async for request in request_iterator:
+            self.shard.stats.enter()
+            try:
+                if request.HasField("dist"):
+                    raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, "dist requests go through Forward, not ForwardStream")
+                resp = expert_pb2.ForwardResponse(call_id=request.call_id, y=encode(await self._forward_rows(request)))
+            except CallFailed as e:
+                resp = expert_pb2.ForwardResponse(call_id=request.call_id, error_code=e.code.value[0], error=e.message)
+            finally:
+                self.shard.stats.leave()
+            yield resp
 
     def _computation(self, request, x: torch.Tensor) -> Callable[[], torch.Tensor]:
         """The request's compute on x, as a call whose domain errors `_run` maps to statuses:

@@ -1,0 +1,88 @@
+"""`GrpcTransport` over `ForwardStream` against real expert servers: many calls on one stream,
+a failed call does not end it, a deadline or a dead server fails the calls waiting and the next
+call opens a new stream."""
+import time
+import types
+
+import grpc
+import pytest
+import torch
+
+from kernels import grouped_expert_mlp
+from moemesh.rpc.config import RpcConfig
+from moemesh.transport.base import ExpertServerError
+from moemesh.transport.grpc_transport import GrpcTransport
+from tests.expert_svc.fixtures import all_weights, loop, moe_dir, routed_rows, running_expert_servers  # noqa: F401
+
+
+def transport_to(srv, loop, timeout_s=20.0):
+    peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
+    return GrpcTransport(peer, RpcConfig(), loop, timeout_s)
+
+
+def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_end_it(moe_dir, loop):
+    _, weights = all_weights(moe_dir)
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+        t = transport_to(srv, loop)
+        try:
+            calls = [routed_rows(6 + i, [0, 3, 5], seed=i) for i in range(4)]
+            futs = [t.forward(1, x, ids, counts) for x, ids, counts in calls]  # all in flight at once
+            for (x, ids, counts), fut in zip(calls, futs):
+                torch.testing.assert_close(fut.result(30), grouped_expert_mlp(x, ids, counts, weights[1]))
+            stream = t._stream
+            x, ids, counts = calls[0]
+            with pytest.raises(ExpertServerError, match="layer 9") as e:
+                t.forward(9, x, ids, counts).result(30)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.server_id == "s0"
+            torch.testing.assert_close(t.forward(1, x, ids, counts).result(30), grouped_expert_mlp(x, ids, counts, weights[1]))
+            assert t._stream is stream  # the same stream went on
+        finally:
+            t.close()
+
+
+def test_a_call_past_its_deadline_fails_and_the_next_opens_a_new_stream(moe_dir, loop):
+    _, weights = all_weights(moe_dir)
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
+        t = transport_to(srv, loop, timeout_s=0.5)
+        real = srv.shard.forward
+        srv.shard.forward = lambda *a: (time.sleep(1.5), real(*a))[1]
+        try:
+            x, ids, counts = routed_rows(5, [2])
+            with pytest.raises(ExpertServerError, match="DEADLINE_EXCEEDED") as e:
+                t.forward(0, x, ids, counts).result(30)
+            assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            first = t._stream
+            srv.shard.forward = real
+            time.sleep(1.5)  # the slow call ends on the server
+            torch.testing.assert_close(t.forward(0, x, ids, counts).result(30), grouped_expert_mlp(x, ids, counts, weights[0]))
+            assert t._stream is not first
+        finally:
+            t.close()
+
+
+def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop):
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+        t = transport_to(srv, loop)
+        try:
+            x, ids, counts = routed_rows(5, [2])
+            t.forward(0, x, ids, counts).result(30)
+            loop.run(srv.server.stop(0), 30)
+            with pytest.raises(ExpertServerError) as e:
+                t.forward(0, x, ids, counts).result(30)
+            assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        finally:
+            t.close()
+
+
+def test_dist_requests_are_refused_on_the_stream_naming_forward(moe_dir, loop):
+    from moemesh.transport.grpc_transport import expert_pb2
+
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+        t = transport_to(srv, loop)
+        try:
+            req = expert_pb2.ForwardRequest(layer=0, expert_ids=[1], counts=[2], dist=expert_pb2.DistPayload(link_id="x", tag=1))
+            with pytest.raises(ExpertServerError, match="dist requests go through Forward") as e:
+                loop.run(t.on_stream(req, lambda resp: resp), 30)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        finally:
+            t.close()
