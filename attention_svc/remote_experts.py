@@ -161,9 +161,7 @@ class RemoteExperts:
     # ---- ExpertCompute -----------------------------------------------------------------------
     def submit(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor) -> Future:
         """x [N, H] rows grouped by expert; expert_ids [G]; counts [G] -> Future of [N, H]."""
-        if layer < self._last_layer:
-            self.begin_step()  # a new forward pass: a step boundary
-        self._last_layer = layer
+        self._step_boundary(layer)
         if x.dim() != 2 or expert_ids.shape != counts.shape or int(counts.sum()) != x.shape[0]:
             raise ValueError(
                 f"submit: x {list(x.shape)} must be [N, H] with counts summing to N; "
@@ -171,98 +169,106 @@ class RemoteExperts:
             )
         if x.shape[0] == 0:
             return completed(torch.empty_like(x))
-        with self._lock:
-            placement = self.placement
-            transports = {sid: t for sid, (_, t) in self._transports.items()}
-        if placement.version == 0:
-            raise RuntimeError("no placement yet: the control plane has not placed the experts")
-        requests = plan_requests(placement, layer, expert_ids.cpu(), counts.cpu())
+        placement, transports = self._snapshot()
+        requests = {r.server_id: r for r in plan_requests(placement, layer, expert_ids.cpu(), counts.cpu())}
         out = torch.empty_like(x)  # [N, H]
-        result: Future = Future()
-        pending = [len(requests)]
-        self._enter(placement.version)
 
-        def done(req: ServerRequest, fut: Future) -> None:
-            try:
-                y = fut.result()  # [N_s, H]
-                if not result.done():
-                    # the callback runs on the transport's thread; an output allocated under the
-                    # engine's inference mode may only be written in inference mode
-                    with torch.inference_mode(out.is_inference()):
-                        out.index_copy_(0, req.index.to(out.device), y)
-            except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
-                settle(result, error=e)
-            with self._lock:
-                pending[0] -= 1
-                last = pending[0] == 0
-            if last:
-                self._leave(placement.version)
-                settle(result, value=out)
-
-        for req in requests:
+        def send(sid: str) -> Future:
+            req = requests[sid]
             xs = x.index_select(0, req.index.to(x.device))  # [N_s, H]
-            try:
-                fut = transports[req.server_id].forward(layer, xs, req.expert_ids, req.counts, placement.version)
-            except Exception as e:  # noqa: BLE001 - e.g. encoding failed: report like a failed call
-                fut = Future()
-                fut.set_exception(e)
-            fut.add_done_callback(lambda f, r=req: done(r, f))
-        return result
+            return transports[sid].forward(layer, xs, req.expert_ids, req.counts, placement.version)
+
+        def place(sid: str, y: Tensor) -> None:  # y [N_s, H]
+            # the callback runs on the transport's thread; an output allocated under the engine's
+            # inference mode may only be written in inference mode
+            with torch.inference_mode(out.is_inference()):
+                out.index_copy_(0, requests[sid].index.to(out.device), y)
+
+        return self._fan_out(placement.version, sorted(requests), send, place, lambda: out)
 
     def submit_all(self, layer: int, x: Tensor, weights: Tensor) -> Future:
         """x [T, H], weights [T, E] float32 combine weights -> Future of [T, H] = sum_e weights[:, e] *
         expert_e(x) in x.dtype, combined on the expert servers."""
-        if layer < self._last_layer:
-            self.begin_step()
-        self._last_layer = layer
+        self._step_boundary(layer)
         if x.dim() != 2 or weights.dim() != 2 or weights.shape[0] != x.shape[0]:
             raise ValueError(f"submit_all: x {list(x.shape)} must be [T, H] and weights {list(weights.shape)} [T, E]")
         if x.shape[0] == 0:
             return completed(torch.empty_like(x))
-        with self._lock:
-            placement = self.placement
-            transports = {sid: t for sid, (_, t) in self._transports.items()}
-            self._rotation += 1
-            rotation = self._rotation
-        if placement.version == 0:
-            raise RuntimeError("no placement yet: the control plane has not placed the experts")
+        placement, transports = self._snapshot()
         replicas = placement.replicas.get(layer)
         if replicas is None:
             raise KeyError(f"placement v{placement.version} has no layer {layer}")
         if len(replicas) != weights.shape[1]:
             raise ValueError(f"submit_all: weights has {weights.shape[1]} experts, placement v{placement.version} layer {layer} has {len(replicas)}")
+        with self._lock:
+            self._rotation += 1
+            rotation = self._rotation
         per_server: dict[str, list[int]] = {}
         for e, copies in enumerate(replicas):
             per_server.setdefault(copies[(e + rotation) % len(copies)], []).append(e)
         w = weights.float().cpu()  # [T, E]
         partials: dict[str, Tensor] = {}
-        result: Future = Future()
-        self._enter(placement.version)
 
-        pending = [len(per_server)]
+        def send(sid: str) -> Future:
+            ids = torch.tensor(per_server[sid], dtype=torch.int64)  # [G_s]
+            return transports[sid].forward(layer, x, ids, None, placement.version, weights=w[:, ids].contiguous())
+
+        def place(sid: str, y: Tensor) -> None:  # y [T, H], this server's weighted sum
+            with self._lock:
+                partials[sid] = y
+
+        def total() -> Tensor:
+            acc = torch.zeros(x.shape, dtype=torch.float32)  # [T, H]
+            for sid in sorted(partials):  # fixed order: the same sum whichever server answers first
+                acc += partials[sid].float().cpu()
+            return acc.to(x.device, x.dtype)
+
+        return self._fan_out(placement.version, sorted(per_server), send, place, total)
+
+    def _step_boundary(self, layer: int) -> None:
+        if layer < self._last_layer:
+            self.begin_step()  # a new forward pass: a step boundary
+        self._last_layer = layer
+
+    def _snapshot(self) -> tuple[Placement, dict[str, ExpertTransport]]:
+        with self._lock:
+            placement = self.placement
+            transports = {sid: t for sid, (_, t) in self._transports.items()}
+        if placement.version == 0:
+            raise RuntimeError("no placement yet: the control plane has not placed the experts")
+        return placement, transports
+
+    def _fan_out(
+        self, version: int, servers: list[str], send: Callable[[str], Future], place: Callable[[str, Tensor], None],
+        finish: Callable[[], Tensor],
+    ) -> Future:
+        """send(server) to every server at once; place(server, y) each answer; the result is finish()
+        once all answered, or the first error. Counts the call as in flight on placement `version`."""
+        result: Future = Future()
+        pending = [len(servers)]
+        self._enter(version)
 
         def done(sid: str, fut: Future) -> None:
             try:
-                y = fut.result()  # [T, H]
-                with self._lock:
-                    partials[sid] = y
+                y = fut.result()
+                if not result.done():
+                    place(sid, y)
             except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
                 settle(result, error=e)
             with self._lock:
                 pending[0] -= 1
                 last = pending[0] == 0
             if last:
-                self._leave(placement.version)
+                self._leave(version)
                 if not result.done():
-                    total = torch.zeros(x.shape, dtype=torch.float32)  # [T, H]
-                    for k in sorted(partials):  # fixed order: the same sum whichever server answers first
-                        total += partials[k].float().cpu()
-                    settle(result, value=total.to(x.device, x.dtype))
+                    try:
+                        settle(result, value=finish())
+                    except BaseException as e:  # noqa: BLE001
+                        settle(result, error=e)
 
-        for sid, experts in sorted(per_server.items()):
-            ids = torch.tensor(experts, dtype=torch.int64)  # [G_s]
+        for sid in servers:
             try:
-                fut = transports[sid].forward(layer, x, ids, None, placement.version, weights=w[:, ids].contiguous())
+                fut = send(sid)
             except Exception as e:  # noqa: BLE001 - e.g. encoding failed: report like a failed call
                 fut = Future()
                 fut.set_exception(e)
