@@ -146,3 +146,24 @@ def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(mo
         loop.run(call(5), 30)
         assert ran_on[0] == loop.thread.name
         assert ran_on[1].startswith("expert-compute")
+
+
+def test_drain_does_not_wait_out_an_idle_forward_stream(moe_dir, loop):
+    import types
+
+    from moemesh.transport.base import ExpertServerError
+    from moemesh.transport.grpc_transport import GrpcTransport
+
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+        peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
+        t = GrpcTransport(peer, RpcConfig(), loop, timeout_s=20)
+        try:
+            x, ids, counts = routed_rows(4, [1])
+            t.forward(0, x, ids, counts).result(30)  # the stream is open and idle now
+            started = time.monotonic()
+            loop.run(drain(srv, None, timeout_s=20), 30)
+            assert time.monotonic() - started < 5  # not the 20 s drain timeout
+            with pytest.raises(ExpertServerError):
+                t.forward(0, x, ids, counts).result(30)
+        finally:
+            t.close()
