@@ -175,8 +175,11 @@ class ExpertShard:
             w = weights.to(self.device, torch.float32)  # [T, G]
             cat = shard.concatenated
             if cat is not None and sorted(local) == list(range(len(shard.expert_ids))):
-                full = torch.zeros(t, len(shard.expert_ids), dtype=torch.float32, device=self.device)  # [T, E]
-                full[:, torch.tensor(local, device=self.device)] = w
+                if local == list(range(len(local))):
+                    full = w  # [T, E]: already in the held order (the usual request)
+                else:
+                    full = torch.zeros(t, len(shard.expert_ids), dtype=torch.float32, device=self.device)  # [T, E]
+                    full[:, torch.tensor(local, device=self.device)] = w
                 y = cat.mlp(xin, full)  # [T, H]
             else:
                 idx = torch.tensor(local, dtype=torch.int64, device=self.device)  # [G]
@@ -190,26 +193,35 @@ class ExpertShard:
     def validate_weighted(self, layer: int, x: Tensor, expert_ids: list[int], weights: Tensor) -> None:
         if not expert_ids:
             raise BadForward("expert_ids must name at least one expert")
-        self.validate(layer, x, expert_ids, [x.shape[0]] + [0] * (len(expert_ids) - 1))
+        self._validate_x(x)
+        self._validate_unique(expert_ids)
+        self.check_experts(layer, expert_ids)
         if weights.dim() != 2 or tuple(weights.shape) != (x.shape[0], len(expert_ids)):
             raise BadForward(f"weights must be [T, G] = [{x.shape[0]}, {len(expert_ids)}] (rows of x, experts named), got {list(weights.shape)}")
         if weights.dtype != torch.float32:
             raise BadForward(f"weights.dtype must be float32, got {weights.dtype}")
 
     def validate(self, layer: int, x: Tensor, expert_ids: list[int], counts: list[int]) -> None:
-        if x.dim() != 2 or x.shape[1] != self.model.hidden_size:
-            raise BadForward(f"x must be [N, {self.model.hidden_size}], got {list(x.shape)}")
-        if not x.dtype.is_floating_point or x.dtype.itemsize < 2:
-            raise BadForward(f"x.dtype must be float32, bfloat16 or float16, got {x.dtype}")
+        self._validate_x(x)
         if len(expert_ids) != len(counts):
             raise BadForward(f"expert_ids has {len(expert_ids)} entries but counts has {len(counts)}")
-        if len(set(expert_ids)) != len(expert_ids):
-            raise BadForward(f"expert_ids must name each expert once, got {list(expert_ids)}")
+        self._validate_unique(expert_ids)
         if any(c < 0 for c in counts):
             raise BadForward(f"counts must be >= 0, got {list(counts)}")
         if sum(counts) != x.shape[0]:
             raise BadForward(f"counts sum to {sum(counts)} but x has {x.shape[0]} rows")
         self.check_experts(layer, expert_ids)
+
+    def _validate_x(self, x: Tensor) -> None:
+        if x.dim() != 2 or x.shape[1] != self.model.hidden_size:
+            raise BadForward(f"x must be [N, {self.model.hidden_size}], got {list(x.shape)}")
+        if not x.dtype.is_floating_point or x.dtype.itemsize < 2:
+            raise BadForward(f"x.dtype must be float32, bfloat16 or float16, got {x.dtype}")
+
+    @staticmethod
+    def _validate_unique(expert_ids: list[int]) -> None:
+        if len(set(expert_ids)) != len(expert_ids):
+            raise BadForward(f"expert_ids must name each expert once, got {list(expert_ids)}")
 
     @classmethod
     def from_model_dir(

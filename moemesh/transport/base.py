@@ -36,6 +36,7 @@ class ExpertServerError(RuntimeError):
         super().__init__(f"expert server {server_id} ({address}): {message}")
         self.server_id = server_id
         self.address = address
+        self.detail = message
         self.code = code
 
 

@@ -82,9 +82,7 @@ class ForwardStream:
     def _failure(self) -> ExpertServerError:
         """A fresh exception for one caller (one instance is not raised in many places at once)."""
         b = self.broken
-        failure = ExpertServerError(b.server_id, b.address, "", b.code)
-        failure.args = b.args
-        return failure
+        return ExpertServerError(b.server_id, b.address, b.detail, b.code)
 
     def _error_of(self, e: BaseException) -> ExpertServerError:
         if isinstance(e, grpc.aio.AioRpcError):
