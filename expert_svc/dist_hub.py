@@ -1,59 +1,121 @@
 """`DistHub`: the expert server's side of the torch.distributed transport.
 
 It hosts the TCPStore clients rendezvous on and forms one pair group per client link (the server is
-rank 0). Forming a group blocks until the client joins, so it runs on a background thread and the
-first request on a link waits for it.
+rank 0). Each link then has its own thread that answers the client's frames in order: receive a
+request, run the handler (the servicer's compute, with its checks), send the reply; a failed call
+answers with its gRPC status and the link goes on. The thread ends when the client sends CLOSE or
+the link breaks (the client is gone); a process exit ends it too.
 """
 from __future__ import annotations
 
+import datetime
+import logging
 import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 import torch
 
-from moemesh.transport.dist_link import DistLink, backend_for, host_id, pair_group, start_store
+from moemesh.transport.dist_frames import CLOSE, CLOSED, FORWARD, ForwardCall, FrameError, error_reply, ok_reply, parse_request
+from moemesh.transport.dist_link import DistLink, LinkBroken, backend_for, host_id, pair_group, start_store
 
 SERVER_RANK = 0
 CLIENT_RANK = 1
+IDLE_WAIT = datetime.timedelta(days=30)  # a link waits this long for its client's next call
+INVALID_ARGUMENT, INTERNAL, UNAVAILABLE = 3, 13, 14  # grpc.StatusCode values
+
+log = logging.getLogger(__name__)
+
+
+class CallError(Exception):
+    """A call the handler refuses or fails: answered with gRPC status `code` (its int value) and `message`."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+Handler = Callable[[ForwardCall], torch.Tensor]  # y [R, H]; raises CallError
 
 
 class DistHub:
-    def __init__(self, host: str, port: int, device: torch.device, timeout_s: float):
+    def __init__(self, host: str, port: int, device: torch.device, timeout_s: float, max_bytes: int, handler: Handler | None = None):
+        """handler: computes one call (set later with `serve` when the servicer is built after the hub)."""
         self.host = host
         self.device = device
         self.backend = backend_for(device)
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self.handler = handler
         self.host_id = host_id()
         self.store = start_store(host, port, timeout_s)
         self.addr = f"{host}:{self.store.port}"
-        self._links: dict[str, Future] = {}
+        self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dist-link")
+        self._closed = False
+
+    def serve(self, handler: Handler) -> None:
+        self.handler = handler
 
     def open(self, client_id: str, client_host_id: str) -> str:
-        """Start forming a pair group with `client_id`; returns the link id it must join."""
+        """Start forming a pair group with `client_id` and serving it; returns the link id it must join."""
         if client_host_id != self.host_id:
             raise ValueError(f"host_id {client_host_id!r} is not this server's node ({self.host_id!r}): use the grpc transport")
         link_id = f"{client_id}/{uuid.uuid4().hex[:12]}"
-        fut = self._pool.submit(self._form, link_id)
+        thread = threading.Thread(target=self._run_link, args=(link_id,), name=f"dist-link-{link_id}", daemon=True)
         with self._lock:
-            self._links[link_id] = fut
+            if self._closed:
+                raise ValueError("the server is stopping: no new dist links")
+            self._threads = {k: t for k, t in self._threads.items() if t.is_alive()}
+            self._threads[link_id] = thread
+        thread.start()
         return link_id
 
-    def _form(self, link_id: str) -> DistLink:
-        group = pair_group(self.store, link_id, SERVER_RANK, self.backend, self.host, self.timeout_s)
-        return DistLink(link_id, group, SERVER_RANK, self.backend, self.device)
-
-    def link(self, link_id: str) -> DistLink:
-        """The formed link (waits for the client to join); KeyError when the id is unknown."""
+    @property
+    def open_links(self) -> int:
         with self._lock:
-            fut = self._links[link_id]
-        return fut.result(self.timeout_s)
+            return sum(t.is_alive() for t in self._threads.values())
+
+    def _run_link(self, link_id: str) -> None:
+        try:
+            group = pair_group(self.store, link_id, SERVER_RANK, self.backend, self.host, self.timeout_s)
+        except RuntimeError as e:
+            log.warning("dist link %s: the client did not join: %s", link_id, e)
+            return
+        link = DistLink(link_id, group, SERVER_RANK, self.backend, self.device)
+        try:
+            self._answer(link)
+        except LinkBroken as e:
+            log.info("dist link %s ended: %s", link_id, e)
+
+    def _answer(self, link: DistLink) -> None:
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        while True:
+            words, payload = link.recv_frame(self.max_bytes, IDLE_WAIT)
+            if words[0] == CLOSE:
+                link.send_frame([CLOSED], [], timeout)
+                return
+            link.send_frame(*self._reply(words, payload), timeout)
+
+    def _reply(self, words: list[int], payload: torch.Tensor) -> tuple[list[int], list[torch.Tensor]]:
+        try:
+            if words[0] != FORWARD:
+                raise FrameError(f"dist frame: kind {words[0]} is not FORWARD ({FORWARD}) or CLOSE ({CLOSE})")
+            call = parse_request(words, payload)
+            if self.handler is None:
+                raise CallError(UNAVAILABLE, "the server is not serving yet")
+            return ok_reply(self.handler(call))
+        except FrameError as e:
+            return error_reply(INVALID_ARGUMENT, str(e))
+        except CallError as e:
+            return error_reply(e.code, e.message)
+        except Exception as e:  # noqa: BLE001 - a handler bug: answer it, keep the link
+            log.exception("dist call failed")
+            return error_reply(INTERNAL, f"{type(e).__name__}: {e}")
 
     def close(self) -> None:
+        """No new links. Links already open keep answering until their client closes them or the
+        process exits (a thread waiting on its client cannot be interrupted)."""
         with self._lock:
-            links, self._links = list(self._links.values()), {}
-        for fut in links:
-            fut.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            self._closed = True

@@ -55,7 +55,7 @@ def build_expert_server(cfg: ExpertServerConfig) -> ExpertServerParts:
     shard.stats.metrics = metrics  # queue depth and busy time mirrored into /metrics
     if cfg.preload == "all":
         shard.load_all()
-    dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s) if cfg.offers_dist else None
+    dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s, cfg.rpc.max_message_bytes) if cfg.offers_dist else None
     pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
     servicer = ExpertServicer(
         shard, pool, cfg.rpc.max_message_bytes, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0

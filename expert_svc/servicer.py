@@ -9,12 +9,13 @@ from typing import Callable
 import grpc
 import torch
 
-from expert_svc.dist_hub import CLIENT_RANK, DistHub
+from expert_svc.dist_hub import CLIENT_RANK, CallError, DistHub
 from expert_svc.errors import BadForward, OverBudget, UnknownExperts
 from expert_svc.shard import ExpertShard
 from moemesh.rpc.protos import load
 from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
-from moemesh.transport.codec import CodecError, decode, encode, parse_dtype, check_shape
+from moemesh.transport.codec import CodecError, decode, encode
+from moemesh.transport.dist_frames import ForwardCall
 
 expert_pb2, expert_grpc = load("expert")
 log = logging.getLogger(__name__)
@@ -43,6 +44,15 @@ def status_of(e: Exception) -> grpc.StatusCode | None:
     return None
 
 
+def failure_of(e: Exception, what: str) -> CallFailed:
+    """A domain error as its status; anything else (e.g. an unreadable checkpoint) as INTERNAL, logged."""
+    code = status_of(e)
+    if code is not None:
+        return CallFailed(code, str(e))
+    log.error("%s failed", what, exc_info=e)
+    return CallFailed(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+
 def expert_set(held: dict[int, tuple[int, ...]]):
     return expert_pb2.ExpertSet(experts=[expert_pb2.LayerExperts(layer=l, expert_ids=es) for l, es in held.items()])
 
@@ -64,6 +74,8 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         self.pool = pool
         self.max_bytes = max_message_bytes
         self.dist = dist
+        if dist is not None:
+            dist.serve(self.forward_dist)
 
     async def _call(self, fn, *args, inline: bool = False):
         """fn(*args) on the compute pool (or here, `inline`); failures raise `CallFailed` with their status."""
@@ -71,11 +83,8 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
             if inline:
                 return fn(*args)
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
-        except (UnknownExperts, BadForward, CodecError, OverBudget) as e:
-            raise CallFailed(status_of(e), str(e)) from None
-        except Exception as e:  # noqa: BLE001 - e.g. an unreadable checkpoint: report, keep serving
-            log.exception("%s failed", getattr(fn, "__name__", "call"))
-            raise CallFailed(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - reported with its status; the server keeps serving
+            raise failure_of(e, getattr(fn, "__name__", "call")) from None
 
     async def _run(self, context, fn, *args, inline: bool = False):
         """`_call`, with a failure ending the RPC with its status."""
@@ -87,7 +96,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
     async def _forward_rows(self, request) -> torch.Tensor:
         """y for a request carrying x (grouped rows, or tokens with weights)."""
         if not request.HasField("x"):
-            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, "x is missing (and dist is not set)")
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, "x is missing")
         try:
             x = decode(request.x, field="x", max_bytes=self.max_bytes, ndim=2)
         except CodecError as e:
@@ -97,9 +106,6 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
     async def Forward(self, request, context):
         self.shard.stats.enter()
         try:
-            if request.HasField("dist"):
-                await self._run(context, self._forward_dist, request)
-                return expert_pb2.ForwardResponse()
             try:
                 y = await self._forward_rows(request)
             except CallFailed as e:
@@ -110,12 +116,10 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
 
     async def ForwardStream(self, request_iterator, context):
         """Forward calls on one stream, answered in order; a failed call answers with its status in
-        the message and the stream goes on. Dist requests use Forward (they wait on the link)."""
+        the message and the stream goes on."""
         async for request in request_iterator:
             self.shard.stats.enter()
             try:
-                if request.HasField("dist"):
-                    raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, "dist requests go through Forward, not ForwardStream")
                 resp = expert_pb2.ForwardResponse(call_id=request.call_id, y=encode(await self._forward_rows(request)))
             except CallFailed as e:
                 resp = expert_pb2.ForwardResponse(call_id=request.call_id, error_code=e.code.value[0], error=e.message)
@@ -124,38 +128,33 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
             yield resp
 
     def _computation(self, request, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """The request's compute on x, as a call whose domain errors `_run` maps to statuses:
-        grouped rows, or combined on the server when the request carries weights."""
+        """The request's compute on x, as a call whose domain errors `_run` maps to statuses."""
         def compute() -> torch.Tensor:
-            if not request.HasField("weights"):
-                return self.shard.forward(request.layer, x, list(request.expert_ids), list(request.counts))
-            if len(request.counts):
-                raise BadForward("counts must be empty when weights is set (every expert computes every row of x)")
-            weights = decode(request.weights, field="weights", max_bytes=self.max_bytes, ndim=2)
-            return self.shard.forward_weighted(request.layer, x, list(request.expert_ids), weights)
+            weights = decode(request.weights, field="weights", max_bytes=self.max_bytes, ndim=2) if request.HasField("weights") else None
+            return self.compute(request.layer, x, list(request.expert_ids), list(request.counts), weights)
 
         compute.__name__ = "forward"
         return compute
 
-    def _forward_dist(self, request) -> None:
-        """Receive x over the link, compute, send y back with the same tag (runs on the pool)."""
-        d = request.dist
-        if self.dist is None:
-            raise BadForward("dist: this server offers no torch.distributed transport")
+    def compute(self, layer: int, x: torch.Tensor, expert_ids: list[int], counts: list[int], weights: torch.Tensor | None) -> torch.Tensor:
+        """Grouped rows x [N, H] with counts [G], or (weights [T, G] set) tokens x [T, H] combined
+        on the server; raises the shard's domain errors."""
+        if weights is None:
+            return self.shard.forward(layer, x, expert_ids, counts)
+        if counts:
+            raise BadForward("counts must be empty when weights is set (every expert computes every row of x)")
+        return self.shard.forward_weighted(layer, x, expert_ids, weights)
+
+    def forward_dist(self, call: ForwardCall) -> torch.Tensor:
+        """One call from a dist link (on the link's thread): y, or CallError with the status."""
+        self.shard.stats.enter()
         try:
-            link = self.dist.link(d.link_id)
-        except KeyError:
-            raise BadForward(f"dist.link_id {d.link_id!r} is unknown: call OpenDistLink first") from None
-        shape = check_shape(list(d.shape), "dist")
-        if len(shape) != 2:
-            raise BadForward(f"dist.shape {list(shape)} must have 2 dimensions")
-        x = link.recv(shape, parse_dtype(d.dtype, "dist"), d.tag)  # [N, H] (or [T, H] with weights)
-        try:
-            y = self._computation(request, x)()
-        except Exception:
-            link.send(torch.zeros_like(x), d.tag)  # the client is waiting on this tag: release it, then report
-            raise
-        link.send(y, d.tag)
+            return self.compute(call.layer, call.x, call.expert_ids, call.counts, call.weights)
+        except Exception as e:  # noqa: BLE001 - answered on the link with its status
+            failed = failure_of(e, "dist forward")
+            raise CallError(failed.code.value[0], failed.message) from None
+        finally:
+            self.shard.stats.leave()
 
     async def LoadExperts(self, request, context):
         for le in request.experts:

@@ -4,23 +4,23 @@ An expert server hosts a `TCPStore` (its "dist endpoint") and is rank 0 of one 2
 client ("link"); the client is rank 1. Groups are built directly (`ProcessGroupGloo` for CPU tensors,
 `ProcessGroupNCCL` for CUDA) under a `PrefixStore` named by the link id, never through
 `init_process_group`, so servers and clients come and go without restarting anything.
-Tensors travel as flat byte views with paired send/recv; shapes and dtypes travel over gRPC.
-gloo matches send/recv by tag, so requests may be in flight concurrently; NCCL has no tags, so a
-link serialises its requests (one lock held for the send and the matching receive).
+Calls travel as frames (`dist_frames`) on the link, in order: gRPC only opens it.
 """
 from __future__ import annotations
 
 import datetime
 import socket
-import threading
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from moemesh.transport.dist_frames import HEADER_BYTES, HEADER_WORDS, as_bytes
+
 GLOO = "gloo"
 NCCL = "nccl"
-MAX_TAG = 1 << 30
+FRAME_TAG = 1  # both directions: a pair orders messages per direction
+INLINE_BYTES = 1 << 20  # gloo frames up to this size travel as one message
 
 
 def host_id() -> str:
@@ -67,8 +67,18 @@ def pair_group(store: dist.Store, link_id: str, rank: int, backend: str, host: s
     raise ValueError(f"backend must be {GLOO!r} or {NCCL!r}, got {backend!r}")
 
 
+class LinkBroken(RuntimeError):
+    """The pair group failed (peer gone, timed out, or out of step): the link cannot be used again."""
+
+
 class DistLink:
-    """One pair group as seen from one side: send/recv tensors by tag with the peer rank."""
+    """One pair group as seen from one side: frames (dist_frames) to and from the peer rank.
+
+    gloo: a frame of up to `INLINE_BYTES` travels as one message into the receiver's reusable
+    inbox (a receive may be longer than what arrives); a bigger one as its header, then the payload.
+    NCCL: header and payload always as two messages of exact size, on the link's device. One thread
+    sends and one receives at a time (the caller's locks); send and receive may overlap on gloo.
+    """
 
     def __init__(self, link_id: str, group: dist.ProcessGroup, rank: int, backend: str, device: torch.device):
         self.link_id = link_id
@@ -76,24 +86,57 @@ class DistLink:
         self.peer = 1 - rank
         self.backend = backend
         self.device = device
-        self.serial = threading.Lock() if backend == NCCL else None
-        self._tag_lock = threading.Lock()
-        self._next_tag = 0
+        self._inbox = torch.empty(INLINE_BYTES, dtype=torch.uint8) if backend == GLOO else None
 
-    def new_tag(self) -> int:
-        with self._tag_lock:
-            self._next_tag = (self._next_tag + 1) % MAX_TAG
-            return self._next_tag
-
-    def send(self, t: torch.Tensor, tag: int) -> None:
-        if t.numel() == 0:
+    def send_frame(self, words: list[int], parts: list[torch.Tensor], timeout: datetime.timedelta) -> None:
+        """words (at most HEADER_WORDS - 1), then the payload parts' bytes back to back."""
+        flat = [as_bytes(p) for p in parts]
+        n = sum(f.numel() for f in flat)
+        header = torch.zeros(HEADER_WORDS, dtype=torch.int64)
+        header[: len(words)] = torch.tensor(words, dtype=torch.int64)
+        header[-1] = n
+        inline = self._inbox is not None and HEADER_BYTES + n <= INLINE_BYTES
+        frame = torch.empty(HEADER_BYTES + (n if inline else 0), dtype=torch.uint8)
+        frame[:HEADER_BYTES] = header.view(torch.uint8)
+        if inline:
+            start = HEADER_BYTES
+            for f in flat:
+                frame[start:start + f.numel()] = f
+                start += f.numel()
+            self._send(frame, timeout)
             return
-        flat = t.to(self.device).contiguous().reshape(-1).view(torch.uint8)
-        self.group.send([flat], self.peer, tag).wait()
+        self._send(frame.to(self.device), timeout)
+        if n:
+            self._send(torch.cat([f.to(self.device) for f in flat]), timeout)
 
-    def recv(self, shape: tuple[int, ...], dtype: torch.dtype, tag: int) -> torch.Tensor:
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        if nbytes:
-            self.group.recv([buf], self.peer, tag).wait()
-        return buf.view(dtype).reshape(shape)
+    def recv_frame(self, max_bytes: int, timeout: datetime.timedelta) -> tuple[list[int], torch.Tensor]:
+        """(words, payload uint8 [nbytes] on the link's device). A gloo payload may view the inbox:
+        use it before the next recv_frame. Raises LinkBroken when the frame exceeds max_bytes."""
+        if self._inbox is not None:
+            self._recv(self._inbox, timeout)
+            header = self._inbox[:HEADER_BYTES]
+        else:
+            header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
+            self._recv(header, timeout)
+        words = header.cpu().view(torch.int64).tolist()
+        n = words[-1]
+        if self._inbox is not None and 0 <= n and HEADER_BYTES + n <= INLINE_BYTES:
+            return words, self._inbox[HEADER_BYTES:HEADER_BYTES + n]
+        if not 0 <= n <= max_bytes:
+            raise LinkBroken(f"link {self.link_id}: a frame of {n} bytes exceeds the limit of {max_bytes} bytes")
+        payload = torch.empty(n, dtype=torch.uint8, device=self.device)
+        if n:
+            self._recv(payload, timeout)
+        return words, payload
+
+    def _send(self, t: torch.Tensor, timeout: datetime.timedelta) -> None:
+        try:
+            self.group.send([t], self.peer, FRAME_TAG).wait(timeout)
+        except RuntimeError as e:
+            raise LinkBroken(f"link {self.link_id}: send failed: {e}") from None
+
+    def _recv(self, t: torch.Tensor, timeout: datetime.timedelta) -> None:
+        try:
+            self.group.recv([t], self.peer, FRAME_TAG).wait(timeout)
+        except RuntimeError as e:
+            raise LinkBroken(f"link {self.link_id}: receive failed: {e}") from None

@@ -1,13 +1,12 @@
-"""`DistTransport`: tensors over a torch.distributed pair group, ids and shapes over gRPC.
+"""`DistTransport`: expert calls over a torch.distributed pair group with a same-node server.
 
-The first request opens the link: `OpenDistLink` over gRPC names a link id and the server's
-TCPStore; both sides then build the pair group (the client is rank 1). Each request sends x with a
-fresh tag, the gRPC `Forward` carries (layer, ids, counts, link id, tag, dtype, shape), and y comes
-back on the same tag.
+gRPC opens the link once (`OpenDistLink` names a link id and the server's TCPStore; both sides then
+build the pair group, the client as rank 1); every call after that is one request frame and one
+reply frame on the link (`dist_frames`, sent and received by `LinkClient`), with no gRPC message
+per call. A broken link is replaced by a new one on the next call.
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,9 +18,10 @@ from torch import Tensor
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.loop_thread import LoopThread
 from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error
-from moemesh.transport.codec import dtype_name, encode
+from moemesh.transport.dist_frames import ForwardCall
 from moemesh.transport.dist_link import DistLink, connect_store, host_id, pair_group, split_addr
 from moemesh.transport.grpc_transport import GrpcTransport, expert_pb2
+from moemesh.transport.link_client import LinkClient
 
 
 class DistTransport:
@@ -30,64 +30,53 @@ class DistTransport:
             raise ValueError(f"expert server {peer.server_id} ({peer.address}) offers no dist endpoint (dist_addr is empty)")
         self.peer = peer
         self.server_id = peer.server_id
+        self.rpc = rpc
         self.rpc_transport = GrpcTransport(peer, rpc, loop, timeout_s)
         self.loop = loop
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
         self.timeout_s = timeout_s
-        self._link: DistLink | None = None
-        self._link_lock = threading.Lock()
+        self._client: LinkClient | None = None
+        self._lock = threading.Lock()
         self._store = None
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dist-{peer.server_id}")
+        self._closed = False
+        self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dist-open-{peer.server_id}")
 
     def forward(
         self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor | None, placement_version: int = 0, weights: Tensor | None = None
     ) -> Future:
         """x [N, H], expert_ids [G], counts [G] -> Future of y [N, H]; with weights [T, G] (counts
-        None; they ride in the gRPC message) x and y are [T, H] (see ExpertTransport)."""
-        ids, cnts = expert_ids.tolist(), [] if counts is None else counts.tolist()
-        return self.loop.submit(self._call(layer, x, ids, cnts, placement_version, weights))
+        None) x and y are [T, H] (see ExpertTransport)."""
+        call = ForwardCall(layer, placement_version, expert_ids.tolist(), [] if counts is None else counts.tolist(), x, weights)
+        client = self._client
+        if client is not None and client.usable:
+            return client.submit(call)  # sent from this thread
+        out: Future = Future()
+        self._opener.submit(self._open_and_submit, call, out)
+        return out
 
-    async def _call(self, layer: int, x: Tensor, ids: list[int], counts: list[int], version: int, weights: Tensor | None = None) -> Tensor:
-        loop = asyncio.get_running_loop()
-        link = await loop.run_in_executor(self._pool, self.link)
-        tag = link.new_tag()
-        req = expert_pb2.ForwardRequest(
-            layer=layer,
-            placement_version=version,
-            expert_ids=ids,
-            counts=counts,
-            dist=expert_pb2.DistPayload(link_id=link.link_id, tag=tag, dtype=dtype_name(x.dtype), shape=list(x.shape)),
-        )
-        if weights is not None:
-            encode(weights, out=req.weights)
-        exchange = loop.run_in_executor(self._pool, self._exchange, link, x, tag)
+    def _open_and_submit(self, call: ForwardCall, out: Future) -> None:
         try:
-            await self.rpc_transport.stub().Forward(req, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as e:
-            exchange.cancel()
-            self._broken(link)
-            raise rpc_error(self.peer, e) from None
-        y = await exchange
-        return y.to(x.device)
+            fut = self.link_client().submit(call)
+        except ExpertServerError as e:
+            out.set_exception(e)
+            return
+        except Exception as e:  # noqa: BLE001 - e.g. the store unreachable: a server failure to fail over from
+            out.set_exception(ExpertServerError(self.server_id, self.peer.address, f"UNAVAILABLE: cannot open the dist link: {e}", grpc.StatusCode.UNAVAILABLE))
+            return
+        fut.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception() else out.set_result(f.result()))
 
-    def _exchange(self, link: DistLink, x: Tensor, tag: int) -> Tensor:
-        """send x, receive y on `tag` (one at a time per link for NCCL)."""
-        if link.serial is not None:
-            with link.serial:
-                link.send(x, tag)
-                return link.recv(tuple(x.shape), x.dtype, tag)
-        link.send(x, tag)
-        return link.recv(tuple(x.shape), x.dtype, tag)
-
-    def link(self) -> DistLink:
-        """The pair group with the server, opened on first use (blocking; runs on the pool)."""
-        with self._link_lock:
-            if self._link is None:
-                self._link = self._open()
-            return self._link
+    def link_client(self) -> LinkClient:
+        """The open link (opened, or reopened after a break, here: blocking)."""
+        with self._lock:
+            if self._closed:
+                raise ExpertServerError(self.server_id, self.peer.address, "CANCELLED: transport closed", grpc.StatusCode.CANCELLED)
+            if self._client is None or not self._client.usable:
+                self._client = LinkClient(self._open(), self.peer, self.timeout_s, self.rpc.max_message_bytes)
+            return self._client
 
     def _open(self) -> DistLink:
         req = expert_pb2.OpenDistLinkRequest(client_id=self.client_id, host_id=host_id())
+
         async def call():  # on the loop thread: the aio channel belongs to it
             return await self.rpc_transport.stub().OpenDistLink(req, timeout=self.timeout_s)
 
@@ -102,19 +91,17 @@ class DistTransport:
         try:
             group = pair_group(self._store, resp.link_id, resp.client_rank, resp.backend, host, self.timeout_s)
         except RuntimeError as e:
-            raise ExpertServerError(self.server_id, self.peer.address, f"cannot form the dist pair group: {e}") from None
+            raise ExpertServerError(self.server_id, self.peer.address, f"UNAVAILABLE: cannot form the dist pair group: {e}", grpc.StatusCode.UNAVAILABLE) from None
         return DistLink(resp.link_id, group, resp.client_rank, resp.backend, device)
 
-    def _broken(self, link: DistLink) -> None:
-        """After a failed request the tags in flight are unknown: the next request opens a new link."""
-        with self._link_lock:
-            if self._link is link:
-                self._link = None
-
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._closed = True
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        self._opener.shutdown(wait=False, cancel_futures=True)
         self.rpc_transport.close()
-        self._link = None
         self._store = None
 
 

@@ -3,9 +3,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 
@@ -223,6 +225,30 @@ def test_dist_transport_across_processes(moe_dir, loop):
                 proc.kill()
                 proc.wait()
                 raise
+
+
+def test_dist_link_to_a_killed_server_fails_fast(moe_dir, loop):
+    """SIGKILL while the link is idle: the next call fails UNAVAILABLE (failover's cue), not after a
+    timeout, and so does the one after it (which tries to open a new link)."""
+    cfg, weights = all_weights(moe_dir)
+    proc, addr, dist = start_server_process(moe_dir)
+    t = DistTransport(ServerInfo("s0", addr, host_id=host_id(), dist_addr=dist), RpcConfig(), loop, timeout_s=20)
+    try:
+        x, ids, counts = routed_rows(8, [1, 6])
+        torch.testing.assert_close(t.forward(1, x, ids, counts).result(30), grouped_expert_mlp(x, ids, counts, weights[1]))
+        proc.kill()
+        proc.wait()
+        start = time.monotonic()
+        for _ in range(2):
+            with pytest.raises(ExpertServerError) as e:
+                t.forward(1, x, ids, counts).result(30)
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE, e.value
+        assert time.monotonic() - start < 10
+    finally:
+        t.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize("make", [GrpcTransport, DistTransport])

@@ -44,15 +44,17 @@ def kill_during(mesh: LiveMesh, name: str, requests: int = 18):
     return w, sid, st, replaced_s
 
 
-def test_sigkill_with_replicas_every_request_completes(skewed_model, greedy, tmp_path):
-    mesh = LiveMesh(skewed_model, tmp_path, {**CONTROL, "redundant_experts": 16}, attention_flags={"failover_timeout_s": FAILOVER_TIMEOUT_S})
+@pytest.mark.parametrize("transport", ["grpc", "dist"])
+def test_sigkill_with_replicas_every_request_completes(skewed_model, greedy, tmp_path, transport):
+    mesh = LiveMesh(skewed_model, tmp_path, {**CONTROL, "redundant_experts": 16}, expert_flags={"transport": transport},
+                    attention_flags={"failover_timeout_s": FAILOVER_TIMEOUT_S, "transport": transport})
     try:
         resp = ctl(mesh.control, "rebalance", "--force")  # 8 + 16 copies per layer: every expert on every server
         assert resp["switched"], resp
         st = mesh.status()
         assert all(len(e["server_ids"]) == 3 for layer in st["placement"]["layers"] for e in layer["experts"])
         w, sid, st, replaced_s = kill_during(mesh, "expert-proc-1")
-        print(f"\nSIGKILL {sid} (replicas present): placement without it after {replaced_s:.2f}s; "
+        print(f"\nSIGKILL {sid} (replicas present, {transport}): placement without it after {replaced_s:.2f}s; "
               f"{len(w.results)} requests completed, {len(w.errors)} failed")
         assert w.errors == []
         assert [got for i, got in w.results] == [greedy[i] for i, _ in w.results]

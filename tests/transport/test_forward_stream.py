@@ -72,17 +72,3 @@ def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop)
             assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         finally:
             t.close()
-
-
-def test_dist_requests_are_refused_on_the_stream_naming_forward(moe_dir, loop):
-    from moemesh.transport.grpc_transport import expert_pb2
-
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
-        t = transport_to(srv, loop)
-        try:
-            req = expert_pb2.ForwardRequest(layer=0, expert_ids=[1], counts=[2], dist=expert_pb2.DistPayload(link_id="x", tag=1))
-            with pytest.raises(ExpertServerError, match="dist requests go through Forward") as e:
-                loop.run(t.on_stream(req, lambda resp: resp), 30)
-            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        finally:
-            t.close()

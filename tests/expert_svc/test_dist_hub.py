@@ -1,0 +1,165 @@
+"""The expert server's dist links, driven by a `LinkClient` over a real gloo pair (both ranks here)."""
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from types import SimpleNamespace
+
+import grpc
+import pytest
+import torch
+
+from expert_svc.dist_hub import CLIENT_RANK, CallError, DistHub
+from moemesh.transport.base import ExpertServerError
+from moemesh.transport.dist_frames import FORWARD, ForwardCall, parse_reply
+from moemesh.transport.dist_link import INLINE_BYTES, DistLink, connect_store, host_id, pair_group
+from moemesh.transport.link_client import LinkClient
+
+CPU = torch.device("cpu")
+PEER = SimpleNamespace(server_id="hub", address="127.0.0.1:0")
+MAX_BYTES = 4 << 20
+
+
+def handler(call: ForwardCall) -> torch.Tensor:
+    """layer 0: 2 x; layer 1: a refused call; layer 2: a bug; weights: x * their row sums."""
+    if call.layer == 1:
+        raise CallError(grpc.StatusCode.FAILED_PRECONDITION.value[0], f"layer 1: experts {call.expert_ids} are not held")
+    if call.layer == 2:
+        raise KeyError("bug")
+    if call.weights is not None:
+        return call.x * call.weights.sum(1, keepdim=True).to(call.x.dtype)
+    return call.x * 2
+
+
+@pytest.fixture
+def hub():
+    h = DistHub("127.0.0.1", 0, CPU, timeout_s=20, max_bytes=MAX_BYTES, handler=handler)
+    yield h
+    h.close()
+
+
+def open_link(hub: DistHub) -> DistLink:
+    link_id = hub.open("test-client", host_id())
+    store = connect_store(hub.addr, 20)
+    group = pair_group(store, link_id, CLIENT_RANK, "gloo", "127.0.0.1", 20)
+    link = DistLink(link_id, group, CLIENT_RANK, "gloo", CPU)
+    link.store = store  # keep the store connection while the link lives
+    return link
+
+
+def call(layer: int, x: torch.Tensor, weights: torch.Tensor | None = None) -> ForwardCall:
+    if weights is not None:
+        return ForwardCall(layer, 1, list(range(weights.shape[1])), [], x, weights)
+    return ForwardCall(layer, 1, [0], [x.shape[0]], x)
+
+
+def test_calls_small_and_large_errors_and_order(hub):
+    client = LinkClient(open_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES)
+    try:
+        small = torch.randn(16, 64)
+        large = torch.randn(INLINE_BYTES // (64 * 4) + 5, 64)  # over the inline size: header, then payload
+        torch.testing.assert_close(client.submit(call(0, small)).result(20), small * 2)
+        torch.testing.assert_close(client.submit(call(0, large)).result(20), large * 2)
+        w = torch.rand(16, 3)
+        torch.testing.assert_close(client.submit(call(0, small, w)).result(20), small * w.sum(1, keepdim=True))
+        bf = small.to(torch.bfloat16)
+        assert torch.equal(client.submit(call(0, bf)).result(20), bf * 2)
+
+        with pytest.raises(ExpertServerError, match=r"FAILED_PRECONDITION: layer 1: experts \[0\] are not held") as e:
+            client.submit(call(1, small)).result(20)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(ExpertServerError, match="INTERNAL: KeyError") as e:
+            client.submit(call(2, small)).result(20)
+        assert e.value.code == grpc.StatusCode.INTERNAL
+        assert client.usable  # a failed call leaves the link in step
+
+        # many callers at once: every reply goes to its own call
+        xs = [torch.full((3, 64), float(i)) for i in range(40)]
+        futs: dict[int, object] = {}
+
+        def send(lo: int) -> None:
+            for i in range(lo, 40, 4):
+                futs[i] = client.submit(call(0, xs[i]))
+
+        threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, x in enumerate(xs):
+            torch.testing.assert_close(futs[i].result(20), x * 2)
+    finally:
+        client.close()
+
+
+def test_malformed_frame_is_answered_and_the_link_goes_on(hub):
+    link = open_link(hub)
+    timeout = datetime.timedelta(seconds=20)
+    link.send_frame([FORWARD, 0, 1, 1, 1, 2, 4, 1, 0], [torch.zeros(5, dtype=torch.uint8)], timeout)
+    code, message = parse_reply(*link.recv_frame(MAX_BYTES, timeout))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "payload has 5 bytes" in message
+    link.send_frame([7], [], timeout)
+    code, message = parse_reply(*link.recv_frame(MAX_BYTES, timeout))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "kind 7" in message
+    client = LinkClient(link, PEER, timeout_s=20, max_bytes=MAX_BYTES)
+    try:
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(client.submit(call(0, x)).result(20), x * 2)
+    finally:
+        client.close()
+
+
+def wait_until(cond, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def test_close_ends_the_servers_link_thread(hub):
+    clients = [LinkClient(open_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES) for _ in range(2)]
+    x = torch.randn(2, 4)
+    for c in clients:
+        c.submit(call(0, x)).result(20)
+    assert hub.open_links == 2
+    clients[0].close()
+    assert wait_until(lambda: hub.open_links == 1)
+    with pytest.raises(ExpertServerError, match="CANCELLED") as e:
+        clients[0].submit(call(0, x)).result(20)
+    assert e.value.code == grpc.StatusCode.CANCELLED
+    torch.testing.assert_close(clients[1].submit(call(0, x)).result(20), x * 2)
+    clients[1].close()
+    assert wait_until(lambda: hub.open_links == 0)
+
+
+def test_a_frame_over_the_servers_limit_breaks_only_that_link(hub):
+    small_hub = DistHub("127.0.0.1", 0, CPU, timeout_s=5, max_bytes=2 << 20, handler=handler)
+    client = LinkClient(open_link(small_hub), PEER, timeout_s=5, max_bytes=MAX_BYTES)
+    try:
+        with pytest.raises(ExpertServerError) as e:
+            client.submit(call(0, torch.randn(3 << 20 >> 8, 64))).result(30)  # 3 MiB of x
+        assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert not client.usable
+        assert wait_until(lambda: small_hub.open_links == 0)
+    finally:
+        client.close()
+        small_hub.close()
+    other = LinkClient(open_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES)  # the hub still opens links
+    try:
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(other.submit(call(0, x)).result(20), x * 2)
+    finally:
+        other.close()
+
+
+def test_closed_hub_opens_no_links(hub):
+    hub.close()
+    with pytest.raises(ValueError, match="stopping"):
+        hub.open("late", host_id())
+    other = DistHub("127.0.0.1", 0, CPU, 5, MAX_BYTES)
+    with pytest.raises(ValueError, match="not this server's node"):
+        other.open("far", "elsewhere/boot")
+    other.close()
