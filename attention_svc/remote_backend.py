@@ -24,7 +24,6 @@ from attention_svc.failover_experts import FailoverExperts
 from attention_svc.remote_experts import RemoteExperts
 from control_svc.knobs import RoutingKnobs
 from control_svc.wire import control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
-from moemesh.rpc.loop_thread import LoopThread
 from moemesh.rpc.server import make_channel
 from moemesh.transport.dist_transport import open_transport
 
@@ -55,7 +54,6 @@ class RemoteBackend(ExpertBackend):
         self.cfg = cfg
         self.channel = make_channel(cfg.control_addr, cfg.rpc)
         self.stub = control_grpc.ControlServiceStub(self.channel)
-        self.io = LoopThread("attention-experts")
         self.compute: FailoverExperts | None = None
         self.replica_id = ""
         self.on_placement = lambda: None  # set by the server: wakes the step loop to adopt it
@@ -73,7 +71,7 @@ class RemoteBackend(ExpertBackend):
         except asyncio.TimeoutError:
             updates.cancel()
             raise RuntimeError(f"control_addr: no expert placement from {self.cfg.control_addr} within {FIRST_PLACEMENT_TIMEOUT_S:.0f}s")
-        transport_for = functools.partial(open_transport, mode=self.cfg.transport, rpc=self.cfg.rpc, loop=self.io)
+        transport_for = functools.partial(open_transport, mode=self.cfg.transport, rpc=self.cfg.rpc)
         self._loop = asyncio.get_running_loop()
         self.compute = FailoverExperts(RemoteExperts(*first, transport_for=transport_for), self._report_failure, self.cfg.failover_timeout_s)
         self._tasks.append(asyncio.create_task(self._follow(updates)))
@@ -146,8 +144,7 @@ class RemoteBackend(ExpertBackend):
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         if self.compute is not None:
-            self.compute.close()
-        self.io.close()
+            await asyncio.to_thread(self.compute.close)  # closing dist links waits on their peers
         await self.channel.close()
 
 

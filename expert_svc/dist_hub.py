@@ -52,6 +52,7 @@ class DistHub:
         self.store = start_store(host, port, timeout_s)
         self.addr = f"{host}:{self.store.port}"
         self._threads: dict[str, threading.Thread] = {}
+        self._ending: set[str] = set()  # links whose thread is tearing its group down
         self._lock = threading.Lock()
         self._closed = False
 
@@ -68,6 +69,7 @@ class DistHub:
             if self._closed:
                 raise ValueError("the server is stopping: no new dist links")
             self._threads = {k: t for k, t in self._threads.items() if t.is_alive()}
+            self._ending &= set(self._threads)
             self._threads[link_id] = thread
         thread.start()
         return link_id
@@ -88,6 +90,10 @@ class DistHub:
             self._answer(link)
         except LinkBroken as e:
             log.info("dist link %s ended: %s", link_id, e)
+        finally:
+            with self._lock:
+                self._ending.add(link_id)  # `close` waits for this thread: the group is torn down next
+            del link, group  # the pair group's teardown runs here, not during interpreter exit
 
     def _answer(self, link: DistLink) -> None:
         timeout = datetime.timedelta(seconds=self.timeout_s)
@@ -114,8 +120,12 @@ class DistHub:
             log.exception("dist call failed")
             return error_reply(INTERNAL, f"{type(e).__name__}: {e}")
 
-    def close(self) -> None:
-        """No new links. Links already open keep answering until their client closes them or the
+    def close(self, join_timeout_s: float = 5.0) -> None:
+        """No new links; waits for links that are ending (a gloo group torn down while the process
+        exits aborts it). Links still open keep answering until their client closes them or the
         process exits (a thread waiting on its client cannot be interrupted)."""
         with self._lock:
             self._closed = True
+            ending = [t for k, t in self._threads.items() if k in self._ending]
+        for t in ending:
+            t.join(join_timeout_s)

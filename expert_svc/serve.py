@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from typing import NoReturn
 
 from control_svc.wire import ServerInfo
 from expert_svc.config import ExpertServerConfig
 from expert_svc.control_agent import ControlAgent
 from expert_svc.server import ExpertServerParts, build_expert_server
 from expert_svc.servicer import stats_message
-from moemesh.rpc.server import run_service
+from moemesh.rpc.server import exit_process, run_service
 from moemesh.svc_config import parse_config
 
 READY = "moemesh expert_svc: serving"
@@ -94,8 +95,8 @@ def serve(cfg: ExpertServerConfig) -> None:
     run_service(lambda stop: run(cfg, stop))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     cfg = parse_config(ExpertServerConfig, "expert", argv, prog="python -m expert_svc")
     serve(cfg)
-    return 0
+    exit_process(0)

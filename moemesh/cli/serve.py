@@ -48,9 +48,10 @@ def unavailable(name: str, err: Exception) -> int:
 
 
 def run(ns: argparse.Namespace, name: str, cls, run_spec: str) -> int:
+    """Serves until SIGTERM/SIGINT, drains, then ends the process (exit_process); returns 2 on a bad config."""
     import logging
 
-    from moemesh.rpc.server import run_service
+    from moemesh.rpc.server import exit_process, run_service
     from moemesh.svc_config import from_sources
 
     fields = argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("command", "service", "func")})
@@ -62,4 +63,4 @@ def run(ns: argparse.Namespace, name: str, cls, run_spec: str) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     runner = resolve(run_spec)
     run_service(lambda stop: runner(cfg, stop))
-    return 0
+    exit_process(0)

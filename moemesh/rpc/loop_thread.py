@@ -11,9 +11,18 @@ from concurrent.futures import Future
 from typing import Any, Coroutine
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop where uvloop is installed (cheaper wake-ups from other threads), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # uvloop is not built for every platform
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class LoopThread:
     def __init__(self, name: str = "moemesh-loop"):
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 

@@ -12,9 +12,12 @@ Every server carries grpc.health.v1 (overall "" and per service) and server refl
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
+import sys
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -97,6 +100,20 @@ def make_channel(address: str, cfg: RpcConfig) -> grpc.aio.Channel:
     if not address or ":" not in address:
         raise ValueError(f"address must be host:port, got {address!r}")
     return grpc.aio.insecure_channel(address, options=cfg.channel_options())
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """Ends a service process once it has drained and stopped: flush logs and stdio, then
+    `os._exit`. Skips the exit-time teardown of native libraries, which can abort a process whose
+    gloo/NCCL pair groups or gRPC threads are still winding down ("terminate called without an
+    active exception", seen when a dist link closed just before SIGTERM)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to flush
+            pass
+    os._exit(code)
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

@@ -54,5 +54,6 @@ class ExpertTransport(Protocol):
     def close(self) -> None: ...
 
 
-def rpc_error(peer: PeerInfo, e: grpc.aio.AioRpcError) -> ExpertServerError:
+def rpc_error(peer: PeerInfo, e: grpc.RpcError) -> ExpertServerError:
+    """A failed call (sync grpc.RpcError or aio AioRpcError: both carry code() and details())."""
     return ExpertServerError(peer.server_id, peer.address, f"{e.code().name}: {e.details()}", e.code())

@@ -89,7 +89,13 @@ class DistLink:
         self._inbox = torch.empty(INLINE_BYTES, dtype=torch.uint8) if backend == GLOO else None
 
     def send_frame(self, words: list[int], parts: list[torch.Tensor], timeout: datetime.timedelta) -> None:
-        """words (at most HEADER_WORDS - 1), then the payload parts' bytes back to back."""
+        """words (at most HEADER_WORDS - 1), then the payload parts' bytes back to back; returns once sent."""
+        self.wait_sent(self.post_frame(words, parts), timeout)
+
+    def post_frame(self, words: list[int], parts: list[torch.Tensor]) -> list:
+        """Starts sending a frame and returns at once: the pending sends, for `wait_sent` (they hold
+        their buffers). A gloo send completes only once the peer has posted its receive; waiting for
+        it on the side that then receives the reply lets a dead peer surface there at once."""
         flat = [as_bytes(p) for p in parts]
         n = sum(f.numel() for f in flat)
         header = torch.zeros(HEADER_WORDS, dtype=torch.int64)
@@ -103,11 +109,18 @@ class DistLink:
             for f in flat:
                 frame[start:start + f.numel()] = f
                 start += f.numel()
-            self._send(frame, timeout)
-            return
-        self._send(frame.to(self.device), timeout)
+            return [self._post_send(frame)]
+        works = [self._post_send(frame.to(self.device))]
         if n:
-            self._send(torch.cat([f.to(self.device) for f in flat]), timeout)
+            works.append(self._post_send(torch.cat([f.to(self.device) for f in flat])))
+        return works
+
+    def wait_sent(self, works: list, timeout: datetime.timedelta) -> None:
+        for work in works:
+            try:
+                work.wait(timeout)
+            except RuntimeError as e:
+                raise LinkBroken(f"link {self.link_id}: send failed: {e}") from None
 
     def recv_frame(self, max_bytes: int, timeout: datetime.timedelta) -> tuple[list[int], torch.Tensor]:
         """(words, payload uint8 [nbytes] on the link's device). A gloo payload may view the inbox:
@@ -129,9 +142,9 @@ class DistLink:
             self._recv(payload, timeout)
         return words, payload
 
-    def _send(self, t: torch.Tensor, timeout: datetime.timedelta) -> None:
+    def _post_send(self, t: torch.Tensor):
         try:
-            self.group.send([t], self.peer, FRAME_TAG).wait(timeout)
+            return self.group.send([t], self.peer, FRAME_TAG)
         except RuntimeError as e:
             raise LinkBroken(f"link {self.link_id}: send failed: {e}") from None
 

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from moemesh.rpc.config import RpcConfig
-from moemesh.rpc.loop_thread import LoopThread
 from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error
 from moemesh.transport.dist_frames import ForwardCall
 from moemesh.transport.dist_link import DistLink, connect_store, host_id, pair_group, split_addr
@@ -25,14 +24,13 @@ from moemesh.transport.link_client import LinkClient
 
 
 class DistTransport:
-    def __init__(self, peer: PeerInfo, rpc: RpcConfig, loop: LoopThread, client_id: str | None = None, timeout_s: float = 60.0):
+    def __init__(self, peer: PeerInfo, rpc: RpcConfig, client_id: str | None = None, timeout_s: float = 60.0):
         if not peer.dist_addr:
             raise ValueError(f"expert server {peer.server_id} ({peer.address}) offers no dist endpoint (dist_addr is empty)")
         self.peer = peer
         self.server_id = peer.server_id
         self.rpc = rpc
-        self.rpc_transport = GrpcTransport(peer, rpc, loop, timeout_s)
-        self.loop = loop
+        self.rpc_transport = GrpcTransport(peer, rpc, timeout_s)
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
         self.timeout_s = timeout_s
         self._client: LinkClient | None = None
@@ -76,13 +74,9 @@ class DistTransport:
 
     def _open(self) -> DistLink:
         req = expert_pb2.OpenDistLinkRequest(client_id=self.client_id, host_id=host_id())
-
-        async def call():  # on the loop thread: the aio channel belongs to it
-            return await self.rpc_transport.stub().OpenDistLink(req, timeout=self.timeout_s)
-
         try:
-            resp = self.loop.run(call(), self.timeout_s + 5)
-        except grpc.aio.AioRpcError as e:
+            resp = self.rpc_transport.stub().OpenDistLink(req, timeout=self.timeout_s)
+        except grpc.RpcError as e:
             raise rpc_error(self.peer, e) from None
         device = torch.device("cuda", torch.cuda.current_device()) if resp.backend == "nccl" else torch.device("cpu")
         if self._store is None:
@@ -105,19 +99,19 @@ class DistTransport:
         self._store = None
 
 
-def open_transport(peer: PeerInfo, mode: str, rpc: RpcConfig, loop: LoopThread, client_id: str | None = None, timeout_s: float = 60.0):
+def open_transport(peer: PeerInfo, mode: str, rpc: RpcConfig, client_id: str | None = None, timeout_s: float = 60.0):
     """mode "grpc" | "dist" | "auto" (dist when the peer is on this node, offers a dist endpoint and
     its device is reachable from here: NCCL for a CUDA server needs CUDA in this process)."""
     if mode == "grpc":
-        return GrpcTransport(peer, rpc, loop, timeout_s)
+        return GrpcTransport(peer, rpc, timeout_s)
     if mode == "dist":
         if peer.host_id != host_id():
             raise ValueError(f"transport dist: expert server {peer.server_id} ({peer.address}) is on another node")
-        return DistTransport(peer, rpc, loop, client_id, timeout_s)
+        return DistTransport(peer, rpc, client_id, timeout_s)
     if mode == "auto":
         if peer.dist_addr and peer.host_id == host_id() and can_reach_device(getattr(peer, "device", "cpu")):
-            return DistTransport(peer, rpc, loop, client_id, timeout_s)
-        return GrpcTransport(peer, rpc, loop, timeout_s)
+            return DistTransport(peer, rpc, client_id, timeout_s)
+        return GrpcTransport(peer, rpc, timeout_s)
     raise ValueError(f"transport must be grpc, dist or auto, got {mode!r}")
 
 

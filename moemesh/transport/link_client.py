@@ -1,8 +1,8 @@
 """`LinkClient`: expert calls over one open dist link, from the attention replica's side.
 
-The caller's thread sends the request frame (gloo; NCCL sends from the receiver thread, which
-keeps one operation at a time on the pair), then a receiver thread per link takes the replies in
-order and completes each call's future: one message each way per call, no event-loop or pool
+The caller's thread posts the request frame (gloo, without waiting for it to go out; NCCL sends
+from the receiver thread, which keeps one operation at a time on the pair), then a receiver thread
+per link takes the replies in order and completes each call's future: one message each way per call, no event-loop or pool
 hand-off. A failed call answers with its gRPC status and the link goes on; a broken link (peer
 gone, timed out, out of step) fails every call on it with UNAVAILABLE (DEADLINE_EXCEEDED when it
 timed out) and the owner opens a new one for the next call.
@@ -13,7 +13,7 @@ import datetime
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import torch
@@ -24,15 +24,14 @@ from moemesh.transport.dist_frames import CLOSE, CLOSED, ForwardCall, FrameError
 from moemesh.transport.dist_link import GLOO, DistLink, LinkBroken
 from moemesh.transport.forward_stream import STATUS_BY_VALUE
 
-CLOSE_TIMEOUT = datetime.timedelta(seconds=2)
-
 
 @dataclass
 class _Pending:
     future: Future | None  # None: the CLOSE request
-    frame: tuple[list[int], list[Tensor]] | None  # still to send (NCCL), None when already sent
+    frame: tuple[list[int], list[Tensor]] | None  # still to send (NCCL), None when already posted
     device: torch.device  # where y goes
     shape: tuple[int, ...] = ()  # y's expected shape: x's
+    sends: list = field(default_factory=list)  # the request's posted sends (gloo), awaited with the reply
 
 
 class LinkClient:
@@ -62,12 +61,12 @@ class LinkClient:
                 return fut
             if self.link.backend == GLOO:
                 try:
-                    self.link.send_frame(*frame, self.timeout)
+                    sends = self.link.post_frame(*frame)
                 except LinkBroken as e:
                     self._break_locked(str(e), e)
                     fut.set_exception(self._failure())
                     return fut
-                self._pending.put(_Pending(fut, None, call.x.device, tuple(call.x.shape)))
+                self._pending.put(_Pending(fut, None, call.x.device, tuple(call.x.shape), sends))
             else:
                 self._pending.put(_Pending(fut, frame, call.x.device, tuple(call.x.shape)))
         return fut
@@ -81,14 +80,15 @@ class LinkClient:
             if self.broken is not None:
                 return
             frame = ([CLOSE], [])
+            sends = []
             if self.link.backend == GLOO:
                 try:
-                    self.link.send_frame(*frame, CLOSE_TIMEOUT)
+                    sends = self.link.post_frame(*frame)
                 except LinkBroken:
                     self._pending.put(None)
                     return
                 frame = None
-            self._pending.put(_Pending(None, frame, torch.device("cpu")))
+            self._pending.put(_Pending(None, frame, torch.device("cpu"), (), sends))
 
     def _receive(self) -> None:
         while True:
@@ -102,6 +102,7 @@ class LinkClient:
                 if item.frame is not None:
                     self.link.send_frame(*item.frame, self.timeout)
                 words, payload = self.link.recv_frame(self.max_bytes, self.timeout)
+                self.link.wait_sent(item.sends, self.timeout)  # done: the server answered
                 if item.future is None:
                     return  # the CLOSE answer: the server has ended the link
                 if words[0] == CLOSED:

@@ -36,7 +36,7 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
 
             agents, client, placement, servers = loop.run(register_all(), 30)
             assert placement.version == 1 and set(servers) == {a.server_id for a in agents}
-            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="auto", rpc=RpcConfig(), loop=loop))
+            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="auto", rpc=RpcConfig()))
             follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
             x, ids, counts = routed_rows(30, list(range(8)))
             for layer in cfg.moe_layers:
@@ -95,7 +95,7 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
                 return agents, client, *(await client.wait_placement(20))
 
             agents, client, placement, servers = loop.run(setup(), 30)
-            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="grpc", rpc=RpcConfig(), loop=loop))
+            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="grpc", rpc=RpcConfig()))
             follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
             stop, errors, steps = threading.Event(), [], [0]
             x, ids, counts = routed_rows(24, list(range(8)))

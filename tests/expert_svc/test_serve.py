@@ -156,7 +156,7 @@ def test_drain_does_not_wait_out_an_idle_forward_stream(moe_dir, loop):
 
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
-        t = GrpcTransport(peer, RpcConfig(), loop, timeout_s=20)
+        t = GrpcTransport(peer, RpcConfig(), timeout_s=20)
         try:
             x, ids, counts = routed_rows(4, [1])
             t.forward(0, x, ids, counts).result(30)  # the stream is open and idle now

@@ -15,15 +15,15 @@ from moemesh.transport.grpc_transport import GrpcTransport
 from tests.expert_svc.fixtures import all_weights, loop, moe_dir, routed_rows, running_expert_servers  # noqa: F401
 
 
-def transport_to(srv, loop, timeout_s=20.0):
+def transport_to(srv, timeout_s=20.0):
     peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
-    return GrpcTransport(peer, RpcConfig(), loop, timeout_s)
+    return GrpcTransport(peer, RpcConfig(), timeout_s)
 
 
 def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_end_it(moe_dir, loop):
     _, weights = all_weights(moe_dir)
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
-        t = transport_to(srv, loop)
+        t = transport_to(srv)
         try:
             calls = [routed_rows(6 + i, [0, 3, 5], seed=i) for i in range(4)]
             futs = [t.forward(1, x, ids, counts) for x, ids, counts in calls]  # all in flight at once
@@ -43,7 +43,7 @@ def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_en
 def test_a_call_past_its_deadline_fails_and_the_next_opens_a_new_stream(moe_dir, loop):
     _, weights = all_weights(moe_dir)
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
-        t = transport_to(srv, loop, timeout_s=0.5)
+        t = transport_to(srv, timeout_s=0.5)
         real = srv.shard.forward
         srv.shard.forward = lambda *a: (time.sleep(1.5), real(*a))[1]
         try:
@@ -62,7 +62,7 @@ def test_a_call_past_its_deadline_fails_and_the_next_opens_a_new_stream(moe_dir,
 
 def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop):
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
-        t = transport_to(srv, loop)
+        t = transport_to(srv)
         try:
             x, ids, counts = routed_rows(5, [2])
             t.forward(0, x, ids, counts).result(30)
