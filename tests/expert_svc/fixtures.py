@@ -13,7 +13,7 @@ from expert_svc.server import build_expert_server
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.moe.expert_loader import load_expert_weights
-from moemesh.rpc.loop_thread import LoopThread
+from tests.fixtures.loop_thread import LoopThread
 from tests.fixtures.checkpoints import make_tiny_checkpoint
 
 NUM_EXPERTS = 8

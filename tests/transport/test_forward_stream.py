@@ -72,3 +72,23 @@ def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop)
             assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         finally:
             t.close()
+
+
+def test_close_fails_the_waiting_calls_with_cancelled_and_stops_the_stream(moe_dir, loop):
+    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
+        t = transport_to(srv)
+        real = srv.shard.forward
+        srv.shard.forward = lambda *a: (time.sleep(1.0), real(*a))[1]
+        try:
+            x, ids, counts = routed_rows(5, [2])
+            fut = t.forward(0, x, ids, counts)
+            stream = t._stream
+            time.sleep(0.2)  # the call is on the server now
+            t.close()
+            with pytest.raises(ExpertServerError, match="CANCELLED") as e:
+                fut.result(30)
+            assert e.value.code == grpc.StatusCode.CANCELLED
+            assert stream.broken is not None and stream.broken.code == grpc.StatusCode.CANCELLED
+        finally:
+            srv.shard.forward = real
+            t.close()
