@@ -1,7 +1,7 @@
 """`DistHub`: the expert server's side of the torch.distributed transport.
 
-It hosts the TCPStore clients rendezvous on and forms one pair group per client link (the server is
-rank 0). Each link then has its own thread that answers the client's frames in order: receive a
+It hosts the TCPStore clients rendezvous on and forms one link (dist_link: a gloo pair, plus an
+NCCL pair for a CUDA server) per client (the server is rank 0). Each link then has its own thread that answers the client's frames in order: receive a
 request, run the handler (the servicer's compute, with its checks), send the reply; a failed call
 answers with its gRPC status and the link goes on. The thread ends when the client sends CLOSE or
 the link breaks (the client is gone); a process exit ends it too.
@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from moemesh.transport.dist_frames import CLOSE, CLOSED, FORWARD, ForwardCall, FrameError, error_reply, ok_reply, parse_request
-from moemesh.transport.dist_link import DistLink, LinkBroken, backend_for, host_id, pair_group, start_store
+from moemesh.transport.dist_link import DistLink, LinkBroken, backend_for, host_id, open_link, start_store
 
 SERVER_RANK = 0
 CLIENT_RANK = 1
@@ -80,12 +80,13 @@ class DistHub:
             return sum(t.is_alive() for t in self._threads.values())
 
     def _run_link(self, link_id: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current device is per thread
         try:
-            group = pair_group(self.store, link_id, SERVER_RANK, self.backend, self.host, self.timeout_s)
+            link = open_link(self.store, link_id, SERVER_RANK, self.backend, self.host, self.device, self.timeout_s)
         except RuntimeError as e:
             log.warning("dist link %s: the client did not join: %s", link_id, e)
             return
-        link = DistLink(link_id, group, SERVER_RANK, self.backend, self.device)
         try:
             self._answer(link)
         except LinkBroken as e:
@@ -93,7 +94,7 @@ class DistHub:
         finally:
             with self._lock:
                 self._ending.add(link_id)  # `close` waits for this thread: the group is torn down next
-            del link, group  # the pair group's teardown runs here, not during interpreter exit
+            del link  # the pair groups' teardown runs here, not during interpreter exit
 
     def _answer(self, link: DistLink) -> None:
         timeout = datetime.timedelta(seconds=self.timeout_s)

@@ -1,10 +1,17 @@
 """Pair process groups for the torch.distributed transport, formed on demand from a TCPStore.
 
-An expert server hosts a `TCPStore` (its "dist endpoint") and is rank 0 of one 2-process group per
-client ("link"); the client is rank 1. Groups are built directly (`ProcessGroupGloo` for CPU tensors,
-`ProcessGroupNCCL` for CUDA) under a `PrefixStore` named by the link id, never through
-`init_process_group`, so servers and clients come and go without restarting anything.
-Calls travel as frames (`dist_frames`) on the link, in order: gRPC only opens it.
+An expert server hosts a `TCPStore` (its "dist endpoint") and is rank 0 of one link per client;
+the client is rank 1. A link is a gloo pair group (the control pair: every frame's header, and for
+CPU servers the whole frame) and, for CUDA servers, an NCCL pair group for the payloads (the data
+pair). Groups are built directly (`ProcessGroupGloo`, `ProcessGroupNCCL`) under a `PrefixStore`
+named by the link id, never through `init_process_group`, so servers and clients come and go
+without restarting anything. Calls travel as frames (`dist_frames`) on the link, in order: gRPC
+only opens it.
+
+Why headers never go over NCCL: a link waits for its next call as long as it is idle, and an NCCL
+receive left pending past the group's timeout makes NCCL's watchdog tear the process down. A gloo
+receive may wait without limit, and an NCCL payload operation is posted only once its header has
+arrived (its peer posts the matching one right after the header), so no NCCL operation ever idles.
 """
 from __future__ import annotations
 
@@ -67,26 +74,37 @@ def pair_group(store: dist.Store, link_id: str, rank: int, backend: str, host: s
     raise ValueError(f"backend must be {GLOO!r} or {NCCL!r}, got {backend!r}")
 
 
+def open_link(store: dist.Store, link_id: str, rank: int, backend: str, host: str, device: torch.device, timeout_s: float) -> "DistLink":
+    """Both pairs of a link (blocks until the peer joins them too). backend: "gloo" (one gloo pair)
+    or "nccl" (a gloo control pair and an NCCL data pair)."""
+    control = pair_group(store, link_id, rank, GLOO, host, timeout_s)
+    data = pair_group(store, f"{link_id}/data", rank, NCCL, host, timeout_s) if backend == NCCL else None
+    return DistLink(link_id, control, rank, device, data)
+
+
 class LinkBroken(RuntimeError):
     """The pair group failed (peer gone, timed out, or out of step): the link cannot be used again."""
 
 
 class DistLink:
-    """One pair group as seen from one side: frames (dist_frames) to and from the peer rank.
+    """One link as seen from one side: frames (dist_frames) to and from the peer rank.
 
-    gloo: a frame of up to `INLINE_BYTES` travels as one message into the receiver's reusable
-    inbox (a receive may be longer than what arrives); a bigger one as its header, then the payload.
-    NCCL: header and payload always as two messages of exact size, on the link's device. One thread
-    sends and one receives at a time (the caller's locks); send and receive may overlap on gloo.
+    Control pair only (gloo): a frame of up to `INLINE_BYTES` travels as one message into the
+    receiver's reusable inbox (a gloo receive may be longer than what arrives); a bigger one as its
+    header, then the payload. With a data pair: the header on the control pair, the payload (exact
+    size, on the link's device) on the data pair. One thread sends and one receives at a time (the
+    caller's locks); with a data pair (`serial`) every operation goes through one thread in order,
+    as NCCL needs the two sides to issue their operations in the same order.
     """
 
-    def __init__(self, link_id: str, group: dist.ProcessGroup, rank: int, backend: str, device: torch.device):
+    def __init__(self, link_id: str, control: dist.ProcessGroup, rank: int, device: torch.device, data: dist.ProcessGroup | None = None):
         self.link_id = link_id
-        self.group = group
+        self.control = control
+        self.data = data
         self.peer = 1 - rank
-        self.backend = backend
         self.device = device
-        self._inbox = torch.empty(INLINE_BYTES, dtype=torch.uint8) if backend == GLOO else None
+        self.serial = data is not None
+        self._inbox = torch.empty(INLINE_BYTES, dtype=torch.uint8)
 
     def send_frame(self, words: list[int], parts: list[torch.Tensor], timeout: datetime.timedelta) -> None:
         """words (at most HEADER_WORDS - 1), then the payload parts' bytes back to back; returns once sent."""
@@ -101,7 +119,7 @@ class DistLink:
         header = torch.zeros(HEADER_WORDS, dtype=torch.int64)
         header[: len(words)] = torch.tensor(words, dtype=torch.int64)
         header[-1] = n
-        inline = self._inbox is not None and HEADER_BYTES + n <= INLINE_BYTES
+        inline = self.data is None and HEADER_BYTES + n <= INLINE_BYTES
         frame = torch.empty(HEADER_BYTES + (n if inline else 0), dtype=torch.uint8)
         frame[:HEADER_BYTES] = header.view(torch.uint8)
         if inline:
@@ -109,10 +127,11 @@ class DistLink:
             for f in flat:
                 frame[start:start + f.numel()] = f
                 start += f.numel()
-            return [self._post_send(frame)]
-        works = [self._post_send(frame.to(self.device))]
+            return [self._post_send(self.control, frame)]
+        works = [self._post_send(self.control, frame)]
         if n:
-            works.append(self._post_send(torch.cat([f.to(self.device) for f in flat])))
+            pair, where = (self.control, torch.device("cpu")) if self.data is None else (self.data, self.device)
+            works.append(self._post_send(pair, torch.cat([f.to(where) for f in flat])))
         return works
 
     def wait_sent(self, works: list, timeout: datetime.timedelta) -> None:
@@ -123,33 +142,30 @@ class DistLink:
                 raise LinkBroken(f"link {self.link_id}: send failed: {e}") from None
 
     def recv_frame(self, max_bytes: int, timeout: datetime.timedelta) -> tuple[list[int], torch.Tensor]:
-        """(words, payload uint8 [nbytes] on the link's device). A gloo payload may view the inbox:
-        use it before the next recv_frame. Raises LinkBroken when the frame exceeds max_bytes."""
-        if self._inbox is not None:
-            self._recv(self._inbox, timeout)
-            header = self._inbox[:HEADER_BYTES]
-        else:
-            header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
-            self._recv(header, timeout)
-        words = header.cpu().view(torch.int64).tolist()
+        """(words, payload uint8 [nbytes]): with a data pair the payload is on the link's device;
+        without, on the CPU, and an inline one views the inbox (use it before the next recv_frame).
+        Raises LinkBroken when the frame exceeds max_bytes."""
+        self._recv(self.control, self._inbox, timeout)
+        words = self._inbox[:HEADER_BYTES].view(torch.int64).tolist()
         n = words[-1]
-        if self._inbox is not None and 0 <= n and HEADER_BYTES + n <= INLINE_BYTES:
+        if self.data is None and 0 <= n and HEADER_BYTES + n <= INLINE_BYTES:
             return words, self._inbox[HEADER_BYTES:HEADER_BYTES + n]
         if not 0 <= n <= max_bytes:
             raise LinkBroken(f"link {self.link_id}: a frame of {n} bytes exceeds the limit of {max_bytes} bytes")
-        payload = torch.empty(n, dtype=torch.uint8, device=self.device)
+        pair, where = (self.control, torch.device("cpu")) if self.data is None else (self.data, self.device)
+        payload = torch.empty(n, dtype=torch.uint8, device=where)
         if n:
-            self._recv(payload, timeout)
+            self._recv(pair, payload, timeout)
         return words, payload
 
-    def _post_send(self, t: torch.Tensor):
+    def _post_send(self, pair: dist.ProcessGroup, t: torch.Tensor):
         try:
-            return self.group.send([t], self.peer, FRAME_TAG)
+            return pair.send([t], self.peer, FRAME_TAG)
         except RuntimeError as e:
             raise LinkBroken(f"link {self.link_id}: send failed: {e}") from None
 
-    def _recv(self, t: torch.Tensor, timeout: datetime.timedelta) -> None:
+    def _recv(self, pair: dist.ProcessGroup, t: torch.Tensor, timeout: datetime.timedelta) -> None:
         try:
-            self.group.recv([t], self.peer, FRAME_TAG).wait(timeout)
+            pair.recv([t], self.peer, FRAME_TAG).wait(timeout)
         except RuntimeError as e:
             raise LinkBroken(f"link {self.link_id}: receive failed: {e}") from None

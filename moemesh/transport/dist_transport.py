@@ -1,7 +1,7 @@
 """`DistTransport`: expert calls over a torch.distributed pair group with a same-node server.
 
 gRPC opens the link once (`OpenDistLink` names a link id and the server's TCPStore; both sides then
-build the pair group, the client as rank 1); every call after that is one request frame and one
+build the link's pair groups, the client as rank 1); every call after that is one request frame and one
 reply frame on the link (`dist_frames`, sent and received by `LinkClient`), with no gRPC message
 per call. A broken link is replaced by a new one on the next call.
 """
@@ -18,7 +18,7 @@ from torch import Tensor
 from moemesh.rpc.config import RpcConfig
 from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error
 from moemesh.transport.dist_frames import ForwardCall
-from moemesh.transport.dist_link import DistLink, connect_store, host_id, pair_group, split_addr
+from moemesh.transport.dist_link import DistLink, connect_store, host_id, open_link, split_addr
 from moemesh.transport.grpc_transport import GrpcTransport, expert_pb2
 from moemesh.transport.link_client import LinkClient
 
@@ -83,10 +83,9 @@ class DistTransport:
             self._store = connect_store(resp.store_addr, self.timeout_s)
         host, _ = split_addr(resp.store_addr, "store_addr")
         try:
-            group = pair_group(self._store, resp.link_id, resp.client_rank, resp.backend, host, self.timeout_s)
-        except RuntimeError as e:
-            raise ExpertServerError(self.server_id, self.peer.address, f"UNAVAILABLE: cannot form the dist pair group: {e}", grpc.StatusCode.UNAVAILABLE) from None
-        return DistLink(resp.link_id, group, resp.client_rank, resp.backend, device)
+            return open_link(self._store, resp.link_id, resp.client_rank, resp.backend, host, device, self.timeout_s)
+        except (RuntimeError, ValueError) as e:
+            raise ExpertServerError(self.server_id, self.peer.address, f"UNAVAILABLE: cannot form the dist link: {e}", grpc.StatusCode.UNAVAILABLE) from None
 
     def close(self) -> None:
         with self._lock:

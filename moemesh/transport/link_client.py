@@ -1,8 +1,8 @@
 """`LinkClient`: expert calls over one open dist link, from the attention replica's side.
 
-The caller's thread posts the request frame (gloo, without waiting for it to go out; NCCL sends
-from the receiver thread, which keeps one operation at a time on the pair), then a receiver thread
-per link takes the replies in order and completes each call's future: one message each way per call, no event-loop or pool
+The caller's thread posts the request frame (gloo, without waiting for it to go out; a link with
+an NCCL data pair sends from the receiver thread, which keeps its operations in one order), then a
+receiver thread per link takes the replies in order and completes each call's future: one message each way per call, no event-loop or pool
 hand-off. A failed call answers with its gRPC status and the link goes on; a broken link (peer
 gone, timed out, out of step) fails every call on it with UNAVAILABLE (DEADLINE_EXCEEDED when it
 timed out) and the owner opens a new one for the next call.
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from moemesh.transport.base import ExpertServerError, PeerInfo
 from moemesh.transport.dist_frames import CLOSE, CLOSED, ForwardCall, FrameError, parse_reply, request_frame
-from moemesh.transport.dist_link import GLOO, DistLink, LinkBroken
+from moemesh.transport.dist_link import DistLink, LinkBroken
 from moemesh.transport.forward_stream import STATUS_BY_VALUE
 
 
@@ -59,7 +59,7 @@ class LinkClient:
             if not self.usable:
                 fut.set_exception(self._failure())
                 return fut
-            if self.link.backend == GLOO:
+            if not self.link.serial:
                 try:
                     sends = self.link.post_frame(*frame)
                 except LinkBroken as e:
@@ -81,7 +81,7 @@ class LinkClient:
                 return
             frame = ([CLOSE], [])
             sends = []
-            if self.link.backend == GLOO:
+            if not self.link.serial:
                 try:
                     sends = self.link.post_frame(*frame)
                 except LinkBroken:
@@ -91,6 +91,8 @@ class LinkClient:
             self._pending.put(_Pending(None, frame, torch.device("cpu"), (), sends))
 
     def _receive(self) -> None:
+        if self.link.device.type == "cuda":
+            torch.cuda.set_device(self.link.device)  # the current device is per thread
         while True:
             item = self._pending.get()
             if item is None:

@@ -13,7 +13,7 @@ import torch
 from expert_svc.dist_hub import CLIENT_RANK, CallError, DistHub
 from moemesh.transport.base import ExpertServerError
 from moemesh.transport.dist_frames import FORWARD, ForwardCall, parse_reply
-from moemesh.transport.dist_link import INLINE_BYTES, DistLink, connect_store, host_id, pair_group
+from moemesh.transport.dist_link import INLINE_BYTES, DistLink, connect_store, host_id, open_link, pair_group, start_store
 from moemesh.transport.link_client import LinkClient
 
 CPU = torch.device("cpu")
@@ -39,11 +39,10 @@ def hub():
     h.close()
 
 
-def open_link(hub: DistHub) -> DistLink:
+def client_link(hub: DistHub) -> DistLink:
     link_id = hub.open("test-client", host_id())
     store = connect_store(hub.addr, 20)
-    group = pair_group(store, link_id, CLIENT_RANK, "gloo", "127.0.0.1", 20)
-    link = DistLink(link_id, group, CLIENT_RANK, "gloo", CPU)
+    link = open_link(store, link_id, CLIENT_RANK, "gloo", "127.0.0.1", CPU, 20)
     link.store = store  # keep the store connection while the link lives
     return link
 
@@ -55,7 +54,7 @@ def call(layer: int, x: torch.Tensor, weights: torch.Tensor | None = None) -> Fo
 
 
 def test_calls_small_and_large_errors_and_order(hub):
-    client = LinkClient(open_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES)
+    client = LinkClient(client_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES)
     try:
         small = torch.randn(16, 64)
         large = torch.randn(INLINE_BYTES // (64 * 4) + 5, 64)  # over the inline size: header, then payload
@@ -94,7 +93,7 @@ def test_calls_small_and_large_errors_and_order(hub):
 
 
 def test_malformed_frame_is_answered_and_the_link_goes_on(hub):
-    link = open_link(hub)
+    link = client_link(hub)
     timeout = datetime.timedelta(seconds=20)
     link.send_frame([FORWARD, 0, 1, 1, 1, 2, 4, 1, 0], [torch.zeros(5, dtype=torch.uint8)], timeout)
     code, message = parse_reply(*link.recv_frame(MAX_BYTES, timeout))
@@ -120,7 +119,7 @@ def wait_until(cond, timeout_s: float = 10.0) -> bool:
 
 
 def test_close_ends_the_servers_link_thread(hub):
-    clients = [LinkClient(open_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES) for _ in range(2)]
+    clients = [LinkClient(client_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES) for _ in range(2)]
     x = torch.randn(2, 4)
     for c in clients:
         c.submit(call(0, x)).result(20)
@@ -137,7 +136,7 @@ def test_close_ends_the_servers_link_thread(hub):
 
 def test_a_frame_over_the_servers_limit_breaks_only_that_link(hub):
     small_hub = DistHub("127.0.0.1", 0, CPU, timeout_s=5, max_bytes=2 << 20, handler=handler)
-    client = LinkClient(open_link(small_hub), PEER, timeout_s=5, max_bytes=MAX_BYTES)
+    client = LinkClient(client_link(small_hub), PEER, timeout_s=5, max_bytes=MAX_BYTES)
     try:
         with pytest.raises(ExpertServerError) as e:
             client.submit(call(0, torch.randn(3 << 20 >> 8, 64))).result(30)  # 3 MiB of x
@@ -147,7 +146,7 @@ def test_a_frame_over_the_servers_limit_breaks_only_that_link(hub):
     finally:
         client.close()
         small_hub.close()
-    other = LinkClient(open_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES)  # the hub still opens links
+    other = LinkClient(client_link(hub), PEER, timeout_s=20, max_bytes=MAX_BYTES)  # the hub still opens links
     try:
         x = torch.randn(2, 4)
         torch.testing.assert_close(other.submit(call(0, x)).result(20), x * 2)
@@ -163,3 +162,35 @@ def test_closed_hub_opens_no_links(hub):
     with pytest.raises(ValueError, match="not this server's node"):
         other.open("far", "elsewhere/boot")
     other.close()
+
+
+def test_a_link_with_a_data_pair_sends_headers_and_payloads_apart(hub):
+    """The layout of CUDA links (headers on the gloo control pair, payloads on the data pair, every
+    operation in one order from the client's receiver thread), with a gloo data pair standing in
+    for NCCL so it runs here; the server side is the hub's own answering loop."""
+    store = start_store("127.0.0.1", 0, 20)
+    addr = f"127.0.0.1:{store.port}"
+    server_side: list[DistLink] = []
+
+    def serve() -> None:
+        pairs = [pair_group(store, name, 0, "gloo", "127.0.0.1", 20) for name in ("split", "split/data")]
+        server_side.append(DistLink("split", pairs[0], 0, CPU, data=pairs[1]))
+        hub._answer(server_side[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client_store = connect_store(addr, 20)
+    pairs = [pair_group(client_store, name, CLIENT_RANK, "gloo", "127.0.0.1", 20) for name in ("split", "split/data")]
+    link = DistLink("split", pairs[0], CLIENT_RANK, CPU, data=pairs[1])
+    assert link.serial
+    client = LinkClient(link, PEER, timeout_s=20, max_bytes=MAX_BYTES)
+    small, large = torch.randn(16, 64), torch.randn(INLINE_BYTES // (64 * 4) + 5, 64)
+    futs = [client.submit(call(0, small)), client.submit(call(0, large)), client.submit(call(1, small)), client.submit(call(0, small, torch.rand(16, 2)))]
+    torch.testing.assert_close(futs[0].result(20), small * 2)
+    torch.testing.assert_close(futs[1].result(20), large * 2)
+    with pytest.raises(ExpertServerError, match="FAILED_PRECONDITION"):
+        futs[2].result(20)
+    assert futs[3].result(20).shape == small.shape
+    client.close()
+    thread.join(10)
+    assert not thread.is_alive()  # CLOSE ended the answering loop
