@@ -80,6 +80,11 @@ class LiveMesh:
         os.kill(self.children[name].proc.pid, signal.SIGKILL)
         self.children[name].proc.wait(10)
 
+    def terminate(self, name: str, timeout_s: float = 60) -> int:
+        """SIGTERM a child (it drains, then exits); returns its exit status."""
+        os.kill(self.children[name].proc.pid, signal.SIGTERM)
+        return self.children[name].proc.wait(timeout_s)
+
     def status(self) -> dict:
         return ctl(self.control, "status")
 
