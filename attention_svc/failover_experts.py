@@ -21,9 +21,9 @@ from typing import Callable, Mapping
 import grpc
 from torch import Tensor
 
-from attention_svc.remote_experts import RemoteExperts, settle
+from attention_svc.remote_experts import RemoteExperts
 from control_svc.placement.types import Placement
-from moemesh.transport.base import ExpertServerError, PeerInfo
+from moemesh.transport.base import ExpertServerError, PeerInfo, settle
 
 log = logging.getLogger(__name__)
 

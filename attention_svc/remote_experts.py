@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -31,7 +31,7 @@ from torch import Tensor
 
 from control_svc.placement.types import Placement
 from moemesh.moe.expert_compute import completed
-from moemesh.transport.base import ExpertTransport, PeerInfo
+from moemesh.transport.base import ExpertTransport, PeerInfo, settle
 
 
 @dataclass(frozen=True)
@@ -74,17 +74,6 @@ def plan_requests(placement: Placement, layer: int, expert_ids: Tensor, counts: 
         ServerRequest(s, torch.cat(rows), torch.tensor(ids, dtype=torch.int64), torch.tensor(cnts, dtype=torch.int64))
         for s, (rows, ids, cnts) in sorted(per_server.items())
     ]
-
-
-def settle(fut: Future, value: object = None, error: BaseException | None = None) -> None:
-    """Set `fut` once: the first server error (or the final result) wins, later ones are ignored."""
-    try:
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(value)
-    except InvalidStateError:
-        pass
 
 
 class RemoteExperts:

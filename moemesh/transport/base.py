@@ -13,7 +13,7 @@ pair group). `open_transport` picks one per peer. Failures surface as `ExpertSer
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Protocol
 
 import grpc
@@ -57,3 +57,14 @@ class ExpertTransport(Protocol):
 def rpc_error(peer: PeerInfo, e: grpc.RpcError) -> ExpertServerError:
     """A failed call (sync grpc.RpcError or aio AioRpcError: both carry code() and details())."""
     return ExpertServerError(peer.server_id, peer.address, f"{e.code().name}: {e.details()}", e.code())
+
+
+def settle(fut: Future, value: object = None, error: BaseException | None = None) -> None:
+    """Set `fut` once: the first outcome wins; a future already done or cancelled is left as it is."""
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+    except InvalidStateError:
+        pass

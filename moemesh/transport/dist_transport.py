@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from moemesh.rpc.config import RpcConfig
-from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error
+from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error, settle
 from moemesh.transport.dist_frames import ForwardCall
 from moemesh.transport.dist_link import DistLink, connect_store, host_id, open_link, split_addr
 from moemesh.transport.grpc_transport import GrpcTransport, expert_pb2
@@ -56,12 +56,12 @@ class DistTransport:
         try:
             fut = self.link_client().submit(call)
         except ExpertServerError as e:
-            out.set_exception(e)
+            settle(out, error=e)
             return
         except Exception as e:  # noqa: BLE001 - e.g. the store unreachable: a server failure to fail over from
-            out.set_exception(ExpertServerError(self.server_id, self.peer.address, f"UNAVAILABLE: cannot open the dist link: {e}", grpc.StatusCode.UNAVAILABLE))
+            settle(out, error=ExpertServerError(self.server_id, self.peer.address, f"UNAVAILABLE: cannot open the dist link: {e}", grpc.StatusCode.UNAVAILABLE))
             return
-        fut.add_done_callback(lambda f: out.set_exception(f.exception()) if f.exception() else out.set_result(f.result()))
+        fut.add_done_callback(lambda f: settle(out, error=f.exception()) if f.exception() else settle(out, value=f.result()))
 
     def link_client(self) -> LinkClient:
         """The open link (opened, or reopened after a break, here: blocking)."""

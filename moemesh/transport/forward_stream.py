@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import grpc
 
-from moemesh.transport.base import ExpertServerError, PeerInfo
+from moemesh.transport.base import ExpertServerError, PeerInfo, settle
 
 STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -73,14 +73,14 @@ class ForwardStream:
     def _answer(self, fut: Future, on_reply: Callable[[Any], Any], resp: Any) -> None:
         if resp.error_code:
             code = STATUS_BY_VALUE.get(resp.error_code, grpc.StatusCode.UNKNOWN)
-            fut.set_exception(ExpertServerError(self.peer.server_id, self.peer.address, f"{code.name}: {resp.error}", code))
+            settle(fut, error=ExpertServerError(self.peer.server_id, self.peer.address, f"{code.name}: {resp.error}", code))
             return
         try:
             value = on_reply(resp)
         except Exception as e:  # noqa: BLE001 - e.g. a malformed reply: this call fails, the stream goes on
-            fut.set_exception(e)
+            settle(fut, error=e)
             return
-        fut.set_result(value)
+        settle(fut, value=value)
 
     def _watch_deadlines(self) -> None:
         while self.broken is None:
@@ -105,8 +105,7 @@ class ForwardStream:
                 self.broken = error
             waiting, self._waiting = self._waiting, {}
         for fut, _, _ in waiting.values():
-            if not fut.done():
-                fut.set_exception(self._failure())
+            settle(fut, error=self._failure())
         self._requests.put(None)
         self._responses.cancel()
 

@@ -19,7 +19,7 @@ import grpc
 import torch
 from torch import Tensor
 
-from moemesh.transport.base import ExpertServerError, PeerInfo
+from moemesh.transport.base import ExpertServerError, PeerInfo, settle
 from moemesh.transport.dist_frames import CLOSE, CLOSED, ForwardCall, FrameError, parse_reply, request_frame
 from moemesh.transport.dist_link import DistLink, LinkBroken
 from moemesh.transport.forward_stream import STATUS_BY_VALUE
@@ -63,7 +63,7 @@ class LinkClient:
                 try:
                     sends = self.link.post_frame(*frame)
                 except LinkBroken as e:
-                    self._break_locked(str(e), e)
+                    self._break_locked(str(e))
                     fut.set_exception(self._failure())
                     return fut
                 self._pending.put(_Pending(fut, None, call.x.device, tuple(call.x.shape), sends))
@@ -112,20 +112,20 @@ class LinkClient:
                 reply = parse_reply(words, payload)
             except (LinkBroken, FrameError) as e:
                 with self._send_lock:
-                    self._break_locked(str(e), e)
+                    self._break_locked(str(e))
                 self._fail(item)
                 continue
             if isinstance(reply, tuple):
                 code = STATUS_BY_VALUE.get(reply[0], grpc.StatusCode.UNKNOWN)
-                item.future.set_exception(ExpertServerError(self.peer.server_id, self.peer.address, f"{code.name}: {reply[1]}", code))
+                settle(item.future, error=ExpertServerError(self.peer.server_id, self.peer.address, f"{code.name}: {reply[1]}", code))
             elif tuple(reply.shape) != item.shape:
-                item.future.set_exception(ExpertServerError(
+                settle(item.future, error=ExpertServerError(
                     self.peer.server_id, self.peer.address, f"reply y has shape {list(reply.shape)}, expected {list(item.shape)}",
                 ))
             else:  # y may view the link's inbox, which the next reply overwrites: copy it out
-                item.future.set_result(reply.to(item.device, copy=True))
+                settle(item.future, value=reply.to(item.device, copy=True))
 
-    def _break_locked(self, message: str, error: Exception) -> None:
+    def _break_locked(self, message: str) -> None:
         """Mark the link broken (under the send lock): every call still queued fails, the receiver ends."""
         if self.broken is None:
             timed_out = "Timed out" in message or "timed out" in message
@@ -134,8 +134,8 @@ class LinkClient:
             self._pending.put(None)
 
     def _fail(self, item: _Pending) -> None:
-        if item.future is not None and not item.future.done():
-            item.future.set_exception(self._failure())
+        if item.future is not None:
+            settle(item.future, error=self._failure())
 
     def _failure(self) -> ExpertServerError:
         """A fresh exception per caller (one instance is never raised in many places at once)."""
