@@ -1,6 +1,7 @@
 """Mesh vs in-process engine on the demo model: 2 expert servers, 16 concurrent streams, over the
 gRPC and the torch.distributed transport. Prints throughput, TTFT and TPOT p50/p99 of each run and
-the mesh/in-process throughput ratio (target >= 0.7x), and writes a PNG.
+the mesh/in-process throughput ratio (target >= 0.7x), and writes a PNG. Each target first gets
+`--warmup-requests` untimed requests (streams and links open, allocators warm) on both sides alike.
 
     python bench/mesh_vs_engine.py [--num-requests 32] [--output-len 32] [--plot mesh_vs_engine.png]
 """
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--transports", default="grpc,dist")
+    p.add_argument("--warmup-requests", type=int, default=16,
+                   help="untimed requests (4 output tokens each, all at once) sent to each target before it is measured; 0 = none")
     p.add_argument("--plot", default="mesh_vs_engine.png")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
@@ -37,15 +40,23 @@ def main(argv: list[str] | None = None) -> int:
 
         model = str(ensure_demo_model())
     work = Workload(num_requests=ns.num_requests, concurrency=ns.concurrency, prompt_len=ns.prompt_len, output_len=ns.output_len)
+    # first calls open streams and links and warm allocators on either side: not what is measured
+    warmup = Workload(num_requests=ns.warmup_requests, concurrency=ns.warmup_requests, prompt_len=ns.prompt_len, output_len=4, seed=1) \
+        if ns.warmup_requests > 0 else None
     results = []
     for transport in ns.transports.split(","):
         mesh = Mesh(MeshSpec(model_dir=model, expert_servers=ns.expert_servers, transport=transport))
         try:
             router, _ = mesh.start()
+            if warmup:
+                asyncio.run(run_grpc(router, warmup, name="warmup"))
             results.append(asyncio.run(run_grpc(router, work, name=f"mesh/{transport}")))
         finally:
             mesh.stop()
-    engine_result = run_engine(LLMEngine(EngineConfig(model_dir=model)), work)
+    engine = LLMEngine(EngineConfig(model_dir=model))
+    if warmup:
+        run_engine(engine, warmup, name="warmup")
+    engine_result = run_engine(engine, work)
     results.append(engine_result)
     if ns.plot:
         plot(results, ns.plot)
