@@ -57,6 +57,12 @@ class LiveMesh:
             "model_dir": self.model_dir, "control_addr": self.control, "transport": "grpc", **self.expert_flags})
         return name
 
+    def join_expert(self, timeout_s: float = 60) -> str:
+        """Starts one more expert server and waits until the placement uses it; returns its server id."""
+        sid = self.server_id(self.add_expert())
+        self.wait_for(lambda st: sid in placement_servers(st), timeout_s, f"{sid} in the placement")
+        return sid
+
     def server_id(self, name: str) -> str:
         """The control plane's id of the expert server child `name` (matched by address)."""
         for s in ctl(self.control, "status")["servers"]:

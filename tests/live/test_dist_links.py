@@ -21,13 +21,7 @@ def mesh(skewed_model, tmp_path_factory):
 
 
 def test_dist_links_follow_a_join_and_a_sigterm_drain_with_no_failed_request(mesh, greedy):
-    def join():
-        name = mesh.add_expert()
-        sid = mesh.server_id(name)
-        mesh.wait_for(lambda st: sid in placement_servers(st), 60, f"{sid} in the placement")
-        return sid
-
-    w, joined = run_during(mesh, join)
+    w, joined = run_during(mesh, mesh.join_expert)
     print(f"\ndist join: {joined} holds experts; {len(w.results)} requests, {len(w.errors)} failed")
     assert_all_equal(w, greedy)
 

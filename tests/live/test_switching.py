@@ -101,13 +101,7 @@ def test_bad_knobs_are_rejected_naming_the_field(mesh):
 
 
 def test_a_third_server_gets_experts_with_no_failed_request(mesh, greedy):
-    def add():
-        name = mesh.add_expert()
-        sid = mesh.server_id(name)
-        mesh.wait_for(lambda st: sid in placement_servers(st), 60, f"{sid} in the placement")
-        return sid
-
-    w, sid = run_during(mesh, add)
+    w, sid = run_during(mesh, mesh.join_expert)
     print(f"\njoin: {sid} holds experts; {len(w.results)} requests, {len(w.errors)} failed")
     assert_all_equal(w, greedy)
     st = mesh.status()
