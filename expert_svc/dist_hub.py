@@ -14,29 +14,21 @@ import threading
 import uuid
 from typing import Callable
 
+import grpc
 import torch
 
+from expert_svc.errors import CallFailed
 from moemesh.transport.dist_frames import CLOSE, CLOSED, FORWARD, ForwardCall, FrameError, error_reply, ok_reply, parse_request
 from moemesh.transport.dist_link import DistLink, LinkBroken, backend_for, host_id, open_link, start_store
 
 SERVER_RANK = 0
 CLIENT_RANK = 1
 IDLE_WAIT = datetime.timedelta(days=30)  # a link waits this long for its client's next call
-INVALID_ARGUMENT, INTERNAL, UNAVAILABLE = 3, 13, 14  # grpc.StatusCode values
 
 log = logging.getLogger(__name__)
 
 
-class CallError(Exception):
-    """A call the handler refuses or fails: answered with gRPC status `code` (its int value) and `message`."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-Handler = Callable[[ForwardCall], torch.Tensor]  # y [R, H]; raises CallError
+Handler = Callable[[ForwardCall], torch.Tensor]  # y [R, H]; raises CallFailed
 
 
 class DistHub:
@@ -111,15 +103,15 @@ class DistHub:
                 raise FrameError(f"dist frame: kind {words[0]} is not FORWARD ({FORWARD}) or CLOSE ({CLOSE})")
             call = parse_request(words, payload)
             if self.handler is None:
-                raise CallError(UNAVAILABLE, "the server is not serving yet")
+                raise CallFailed(grpc.StatusCode.UNAVAILABLE, "the server is not serving yet")
             return ok_reply(self.handler(call))
         except FrameError as e:
-            return error_reply(INVALID_ARGUMENT, str(e))
-        except CallError as e:
-            return error_reply(e.code, e.message)
+            return error_reply(grpc.StatusCode.INVALID_ARGUMENT.value[0], str(e))
+        except CallFailed as e:
+            return error_reply(e.code.value[0], e.message)
         except Exception as e:  # noqa: BLE001 - a handler bug: answer it, keep the link
             log.exception("dist call failed")
-            return error_reply(INTERNAL, f"{type(e).__name__}: {e}")
+            return error_reply(grpc.StatusCode.INTERNAL.value[0], f"{type(e).__name__}: {e}")
 
     def close(self, join_timeout_s: float = 5.0) -> None:
         """No new links; waits for links that are ending (a gloo group torn down while the process

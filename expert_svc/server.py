@@ -36,7 +36,6 @@ class ExpertServerParts:
         return self.cfg.advertise_addr or f"{self.cfg.host}:{self.port}"
 
 
-
 def select_device(spec: str) -> torch.device:
     """torch.device for "cpu" / "cuda:N"; for CUDA, makes N the current device before any allocation."""
     device = torch.device(spec)

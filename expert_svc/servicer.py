@@ -9,8 +9,8 @@ from typing import Callable
 import grpc
 import torch
 
-from expert_svc.dist_hub import CLIENT_RANK, CallError, DistHub
-from expert_svc.errors import BadForward, OverBudget, UnknownExperts
+from expert_svc.dist_hub import CLIENT_RANK, DistHub
+from expert_svc.errors import BadForward, CallFailed, OverBudget, UnknownExperts
 from expert_svc.shard import ExpertShard
 from moemesh.rpc.protos import load
 from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
@@ -26,15 +26,6 @@ STATUS = {
     CodecError: grpc.StatusCode.INVALID_ARGUMENT,
     OverBudget: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
-
-
-class CallFailed(Exception):
-    """A Forward that fails with `code` (a grpc.StatusCode) and `message`."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def status_of(e: Exception) -> grpc.StatusCode | None:
@@ -146,13 +137,12 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         return self.shard.forward_weighted(layer, x, expert_ids, weights)
 
     def forward_dist(self, call: ForwardCall) -> torch.Tensor:
-        """One call from a dist link (on the link's thread): y, or CallError with the status."""
+        """One call from a dist link (on the link's thread): y, or CallFailed with the status."""
         self.shard.stats.enter()
         try:
             return self.compute(call.layer, call.x, call.expert_ids, call.counts, call.weights)
         except Exception as e:  # noqa: BLE001 - answered on the link with its status
-            failed = failure_of(e, "dist forward")
-            raise CallError(failed.code.value[0], failed.message) from None
+            raise failure_of(e, "dist forward") from None
         finally:
             self.shard.stats.leave()
 

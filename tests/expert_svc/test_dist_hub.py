@@ -10,7 +10,8 @@ import grpc
 import pytest
 import torch
 
-from expert_svc.dist_hub import CLIENT_RANK, CallError, DistHub
+from expert_svc.dist_hub import CLIENT_RANK, DistHub
+from expert_svc.errors import CallFailed
 from moemesh.transport.base import ExpertServerError
 from moemesh.transport.dist_frames import FORWARD, ForwardCall, parse_reply
 from moemesh.transport.dist_link import INLINE_BYTES, DistLink, connect_store, host_id, open_link, pair_group, start_store
@@ -24,7 +25,7 @@ MAX_BYTES = 4 << 20
 def handler(call: ForwardCall) -> torch.Tensor:
     """layer 0: 2 x; layer 1: a refused call; layer 2: a bug; weights: x * their row sums."""
     if call.layer == 1:
-        raise CallError(grpc.StatusCode.FAILED_PRECONDITION.value[0], f"layer 1: experts {call.expert_ids} are not held")
+        raise CallFailed(grpc.StatusCode.FAILED_PRECONDITION, f"layer 1: experts {call.expert_ids} are not held")
     if call.layer == 2:
         raise KeyError("bug")
     if call.weights is not None:
