@@ -8,8 +8,8 @@ Shape legend: N rows grouped by expert, G experts in the request, H hidden.
     y = fut.result()            # [T, H]: combined on the server
 
 Implementations: `GrpcTransport` (any host; the tensors ride in the gRPC message) and
-`DistTransport` (same node; gRPC carries ids and shapes, the tensors go over a torch.distributed
-pair group). `open_transport` picks one per peer. Failures surface as `ExpertServerError`.
+`DistTransport` (same node; gRPC opens a torch.distributed link, then each call is one frame each
+way on it). `open_transport` picks one per peer. Failures surface as `ExpertServerError`.
 """
 from __future__ import annotations
 

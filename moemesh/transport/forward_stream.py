@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import grpc
 
-from moemesh.transport.base import ExpertServerError, PeerInfo, settle
+from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error, settle
 
 STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -67,7 +67,7 @@ class ForwardStream:
                 if waiting is not None:
                     self._answer(waiting[0], waiting[1], resp)
         except grpc.RpcError as e:
-            error = ExpertServerError(self.peer.server_id, self.peer.address, f"{e.code().name}: {e.details()}", e.code())
+            error = rpc_error(self.peer, e)
         self._break(error)
 
     def _answer(self, fut: Future, on_reply: Callable[[Any], Any], resp: Any) -> None:
