@@ -1,0 +1,37 @@
+"""The routed expert MLP with its gather and combine: tokens in, the weighted sum of their experts out.
+
+This is the contract every expert compute runs (in process and on expert servers): rows are not
+materialised by the caller; each row names the token it reads and the weight its output carries.
+
+Shape legend:
+  T  tokens handed in, H hidden
+  N  rows (kept token-expert pairs), grouped by expert in the order of `expert_idx`
+  G  experts that receive rows in this call, E experts held in the ExpertWeights
+
+    out[t] = sum over rows r with token_idx[r] == t of  row_weight[r] * expert_{e(r)}(x[t])
+
+where e(r) is the expert whose group holds row r. Accumulation is float32; tokens without a row
+get zeros.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels.experts import ExpertWeights, grouped_expert_mlp
+
+
+def moe_mlp(
+    x: Tensor, token_idx: Tensor, row_weight: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights,
+    backend: str = "auto",
+) -> Tensor:
+    """x [T, H]; token_idx [N] int64 in [0, T); row_weight [N] float32; expert_idx [G] int64 indices into
+    w's E; counts [G] int64 summing to N -> [T, H] in x.dtype.
+
+    Reference path: gather the rows, run `grouped_expert_mlp`, scale each row by its weight in float32
+    and add it to its token."""
+    rows = x.index_select(0, token_idx)  # [N, H]
+    y = grouped_expert_mlp(rows, expert_idx, counts, w, backend)  # [N, H]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
+    out.index_add_(0, token_idx, y.float() * row_weight[:, None].float())
+    return out.to(x.dtype)
