@@ -25,7 +25,7 @@ from moemesh.engine.outputs import GenerationResult, StepOutput
 from moemesh.engine.request import Request
 from moemesh.engine.sampler import sample, target_logprobs
 from moemesh.engine.sampling_params import SamplingParams
-from moemesh.engine.scheduler import PrefixCacheStats, ScheduledChunk, Scheduler
+from moemesh.engine.scheduler import SchedulerStats, ScheduledChunk, Scheduler
 from moemesh.models.batch import BatchMeta, SeqSlice
 from moemesh.models.registry import get_architecture
 from moemesh.moe.expert_compute import ExpertCompute
@@ -124,8 +124,8 @@ class LLMEngine:
         return self.kv.allocator.num_free
 
     @property
-    def prefix_cache_stats(self) -> PrefixCacheStats:
-        """Prompt tokens looked up in the prefix cache and found there, since start (read-only view)."""
+    def stats(self) -> SchedulerStats:
+        """The scheduler's counters since start: prefix cache lookups and hits, preemptions (read only)."""
         return self.scheduler.stats
 
     # ---- the step -------------------------------------------------------------------------------

@@ -63,15 +63,17 @@ class ScheduledBatch:
 
 
 @dataclass
-class PrefixCacheStats:
-    """Prompt tokens looked up in the prefix cache (`queries`) and found there (`hits`), since start."""
+class SchedulerStats:
+    """Counters since start: prompt tokens looked up in the prefix cache (`prefix_queries`) and found
+    there (`prefix_hits`); requests preempted (`preemptions`)."""
 
-    queries: int = 0
-    hits: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
 
     @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
 
 class Scheduler:
@@ -82,7 +84,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is preempted first
-        self.stats = PrefixCacheStats()
+        self.stats = SchedulerStats()
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -170,8 +172,8 @@ class Scheduler:
         req.num_computed = start
         req.num_registered = len(hits)
         if self._uses_cache(req):
-            self.stats.queries += req.num_tokens
-            self.stats.hits += start
+            self.stats.prefix_queries += req.num_tokens
+            self.stats.prefix_hits += start
         if req.cached_tokens is None:
             req.cached_tokens = start
         return ScheduledChunk(req, start, n)
@@ -192,6 +194,7 @@ class Scheduler:
         return -(-(req.num_computed + n) // self.block_size) - len(req.block_table)
 
     def _preempt(self, req: Request) -> None:
+        self.stats.preemptions += 1
         self.running.remove(req)
         self._release(req)
         self.waiting.appendleft(req)
