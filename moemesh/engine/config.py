@@ -16,8 +16,8 @@ class EngineConfig:
     dtype: compute dtype; "auto" = the checkpoint's dtype.
     experts_dtype: expert weight format (see kernels.prepare.EXPERT_DTYPES); None = as stored.
     block_size: tokens per KV cache block. kv_cache_tokens: KV cache capacity in tokens (all sequences).
-    max_num_seqs: sequences per step. max_num_batched_tokens: tokens per step (the budget: decodes first,
-    then prompt chunks; a longer prompt runs over several steps). max_model_len: None = the model's.
+    max_num_seqs: sequences per step. max_num_batched_tokens: tokens per step (the budget: the decodes
+    first, then prompt chunks in what they leave; a longer prompt runs over several steps). max_model_len: None = the model's.
     prefix_cache: keep computed full KV blocks keyed by their token prefix and reuse them for later
     requests that start with the same tokens (automatic prefix caching).
     micro_batches: 1, or 2 to interleave two micro-batches layer by layer (ping-pong with remote experts).
@@ -50,11 +50,6 @@ class EngineConfig:
         for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}): "
-                "every running sequence's decode token must fit in one step"
-            )
         if self.micro_batches not in (1, 2):
             raise ValueError(f"micro_batches must be 1 or 2, got {self.micro_batches}")
         if self.max_model_len is not None and self.max_model_len < 2:

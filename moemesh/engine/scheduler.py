@@ -1,8 +1,11 @@
 """Continuous batching with chunked prefill and a prefix cache.
 
 Each step gets a token budget (`max_num_batched_tokens`) and fills it in this order:
-  1. decodes: every running request with one token left to compute (its last sampled token);
-  2. prompt chunks of running requests whose prompt is not all computed yet (earlier chunks ran);
+  1. decodes: every running request with one token left to compute (its last sampled token); they
+     always run (at most `max_num_seqs` of them), so a step with more decodes than the budget runs
+     them all and no prompt chunk;
+  2. prompt chunks of running requests whose prompt is not all computed yet (earlier chunks ran),
+     up to what the decodes left of the budget;
   3. waiting requests, first come first served, while fewer than `max_num_seqs` run: each first
      takes the longest prefix of its full blocks found in the prefix cache (those tokens are not
      computed again; at least the last token always is, for its logits), then a chunk of what is
@@ -114,11 +117,11 @@ class Scheduler:
         decodes = [r for r in self.running if r.num_tokens - r.num_computed == 1]
         chunks = [r for r in self.running if r.num_tokens - r.num_computed > 1]
         for req in decodes + chunks:
-            if budget == 0:
-                break
             if req not in self.running:  # preempted while making room for an earlier one
                 continue
-            n = min(req.num_tokens - req.num_computed, budget)
+            n = 1 if req in decodes else min(req.num_tokens - req.num_computed, budget)
+            if n <= 0:
+                break
             while self._new_blocks(req, n) > self.pool.num_free:
                 victim = self.running[-1]
                 self._preempt(victim)

@@ -230,6 +230,20 @@ def test_preempted_request_reuses_its_own_cached_blocks():
     assert b.cached_tokens == 0  # usage reports what the first run found
 
 
+def test_decodes_beyond_the_budget_all_run_and_prompts_wait():
+    s = scheduler(budget=4)
+    for rid in "abcd":
+        s.add(request(rid, [ord(rid)], max_new=5))
+    assert len(step(s).chunks) == 4  # four one-token prompts
+    s.max_num_batched_tokens = 2  # fewer than the running decodes
+    s.add(request("w", [1, 2, 3]))
+    for _ in range(3):
+        batch = step(s)
+        assert shape(batch) == [(rid, batch.chunks[0].start, 1) for rid in "abcd"] and s.waiting[0].request_id == "w"
+    step(s)  # their last decodes
+    assert shape(step(s)) == [("w", 0, 2)]
+
+
 @pytest.mark.parametrize("budget", [1, 3])
 def test_every_step_stays_within_the_budget(budget):
     s = scheduler(budget=budget, max_seqs=1)
