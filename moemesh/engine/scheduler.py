@@ -114,12 +114,12 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: dict[Request, ScheduledChunk] = {}
         preempted: list[Request] = []
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed == 1]
-        chunks = [r for r in self.running if r.num_tokens - r.num_computed > 1]
-        for req in decodes + chunks:
+        decodes = [(r, 1) for r in self.running if r.num_tokens - r.num_computed == 1]
+        chunks = [(r, None) for r in self.running if r.num_tokens - r.num_computed > 1]
+        for req, n in decodes + chunks:
             if req not in self.running:  # preempted while making room for an earlier one
                 continue
-            n = 1 if req in decodes else min(req.num_tokens - req.num_computed, budget)
+            n = n or min(req.num_tokens - req.num_computed, budget)  # a chunk gets what the budget has left
             if n <= 0:
                 break
             while self._new_blocks(req, n) > self.pool.num_free:
