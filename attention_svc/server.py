@@ -48,7 +48,7 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
     select_device(cfg.device)  # the CUDA device is current before the expert links or the engine allocate
     experts = await open_experts(cfg)
     engine = await asyncio.to_thread(LLMEngine, cfg.engine_config(), experts.compute)
-    metrics = ServiceMetrics("attention")
+    metrics = ServiceMetrics("attention", scheduler=engine.stats)
     loop = StepLoop(engine, between_steps=experts.begin_step, on_step=metrics.observe_step)
     experts.on_placement = loop.wake
     if experts.compute is not None:  # routing knobs arrive with placement versions
