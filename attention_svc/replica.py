@@ -12,6 +12,7 @@ from typing import AsyncIterator
 
 from attention_svc.errors import ReplicaError
 from attention_svc.step_loop import StepLoop
+from moemesh.contracts.info import LoadReport, ModelInfo
 from moemesh.engine import SamplingParams, StepOutput
 
 
@@ -25,30 +26,6 @@ class SequenceRequest:
     logprobs: bool = False
 
 
-@dataclass(frozen=True)
-class Load:
-    waiting: int
-    running: int
-    free_blocks: int
-    total_blocks: int
-    serving: bool
-    accepted: int
-
-
-@dataclass(frozen=True)
-class ReplicaInfo:
-    architecture: str
-    vocab_size: int
-    max_context: int
-    max_new_tokens_limit: int
-    eos_token_ids: tuple[int, ...]
-    num_experts: int
-    experts_per_token: int
-    num_layers: int
-    model_dir: str
-    placement_version: int = 0
-
-
 class AttentionReplica:
     def __init__(self, engine, loop: StepLoop, placement_version=lambda: 0) -> None:
         self.engine = engine
@@ -56,9 +33,9 @@ class AttentionReplica:
         self.serving = True
         self._placement_version = placement_version
 
-    def info(self) -> ReplicaInfo:
+    def info(self) -> ModelInfo:
         cfg = self.engine.model_config
-        return ReplicaInfo(
+        return ModelInfo(
             architecture=cfg.architecture,
             vocab_size=cfg.vocab_size,
             max_context=self.engine.max_model_len,
@@ -71,9 +48,9 @@ class AttentionReplica:
             placement_version=self._placement_version(),
         )
 
-    def load(self) -> Load:
+    def load(self) -> LoadReport:
         alloc = self.engine.kv.allocator
-        return Load(self.loop.waiting, self.loop.running, alloc.num_free, alloc.num_blocks, self.serving, self.loop.accepted)
+        return LoadReport(self.loop.waiting, self.loop.running, alloc.num_free, alloc.num_blocks, self.serving, self.loop.accepted)
 
     def sampling_params(self, req: SequenceRequest) -> SamplingParams:
         """The client's fields over the engine's defaults; an unset max_new_tokens is capped by the context."""

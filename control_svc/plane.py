@@ -3,7 +3,7 @@
 - initial: once `expected_expert_servers` servers serve and no placement exists, the initial
   placement (round robin within slot budgets) goes through prepare -> commit -> release as v1;
 - rebalance: on request or every `rebalance_interval_s`, the solver's placement for the servers'
-  window load is switched in when the policy says it is worth it (`control_svc/rebalance.py`);
+  window load is switched in when the policy says it is worth it (`placement.plan_rebalance`);
 - knobs: top-k / capacity changes are a new version with the same replicas and new knobs;
 - join: a server registering after the initial placement gets experts (a forced rebalance);
 - drain: a draining server's experts move to the others before it leaves;
@@ -21,15 +21,12 @@ import torch
 
 from control_svc.board import PlacementBoard, PlacementView
 from control_svc.config import ControlConfig
-from control_svc.evacuate import evacuate
-from control_svc.initial_placement import round_robin_placement
-from control_svc.knobs import RoutingKnobs
 from control_svc.load import window_load
-from control_svc.placement import ServerBudget, balancedness
-from control_svc.rebalance import RebalancePlan, plan_rebalance
+from control_svc.placement import RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import check_change
 from moemesh.telemetry import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -81,7 +78,7 @@ class ControlPlane:
     async def place_initial(self) -> None:
         servers = [(s.server_id, s.slot_budget) for s in self.registry.serving()]
         try:
-            placement = round_robin_placement(self.moe_layers, self.num_experts, servers, version=1)
+            placement = initial_placement(self.moe_layers, self.num_experts, servers, version=1)
             await self.switch.switch(placement)
             self._publish_metrics()
         except Exception:
@@ -161,7 +158,7 @@ class ControlPlane:
         def build(view: PlacementView):
             if view.placement.version == 0:
                 raise ValueError("no placement yet: the expert servers have not all registered")
-            return view.placement, view.knobs.updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+            return view.placement, view.knobs.updated(top_k, capacity_factor, layer)
 
         view = await self.switch.switch_with(build)
         await self.switch.wait_adopted(view.placement.version, self.cfg.release_timeout_s)
@@ -170,7 +167,7 @@ class ControlPlane:
 
     def check_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> None:
         """ValueError naming the field when these knob values are invalid for the model."""
-        RoutingKnobs().updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+        check_change(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
 
     def drain(self, server_id: str) -> tuple[str, bool]:
         """Mark `server_id` draining and, when other servers serve, switch in a placement without

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
 
 
 @dataclass

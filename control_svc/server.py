@@ -11,8 +11,8 @@ from control_svc.config import ControlConfig
 from control_svc.expert_ops import GrpcExpertOps
 from control_svc.plane import ControlPlane
 from control_svc.servicer import ControlServicer
-from control_svc.wire import control_grpc
 from moemesh.config import ModelConfig
+from moemesh.contracts.wire import control_grpc
 from moemesh.rpc.server import MeshServer, Service, build_server
 from moemesh.telemetry import MetricsServer, ServiceMetrics
 

@@ -8,7 +8,7 @@ from control_svc.plane import ControlPlane
 from control_svc.registry import UnknownId
 from control_svc.status import ControlStatus, gather_status
 from control_svc.switch import SwitchError
-from control_svc.wire import (
+from moemesh.contracts.wire import (
     STATES, control_grpc, control_pb2, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
 )
 

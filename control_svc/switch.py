@@ -21,34 +21,17 @@ import logging
 from typing import Callable, Mapping, Protocol
 
 from control_svc.board import PlacementBoard, PlacementView
-from control_svc.knobs import RoutingKnobs
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo
+from control_svc.placement import placement_diff
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.placement import LayerExperts, Placement
 
 log = logging.getLogger(__name__)
-
-LayerExperts = dict[int, tuple[int, ...]]
 
 
 class ExpertServerOps(Protocol):
     async def load(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
     async def drop(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
-
-
-def placement_diff(old: Placement, new: Placement) -> tuple[dict[str, LayerExperts], dict[str, LayerExperts]]:
-    """(to_load, to_drop): server -> layer -> experts new gives it that old did not, and the reverse."""
-
-    def minus(a: Placement, b: Placement) -> dict[str, LayerExperts]:
-        out: dict[str, LayerExperts] = {}
-        for server in a.servers():
-            held_b = b.experts_on(server)
-            for layer, experts in a.experts_on(server).items():
-                extra = tuple(e for e in experts if e not in held_b.get(layer, ()))
-                if extra:
-                    out.setdefault(server, {})[layer] = extra
-        return out
-
-    return minus(new, old), minus(old, new)
 
 
 class SwitchError(RuntimeError):
@@ -57,7 +40,7 @@ class SwitchError(RuntimeError):
 
 # build(current view) -> (placement, knobs) to switch to, or None for no change; its version is
 # set by the switch (current + 1)
-Build = Callable[[PlacementView], "tuple[Placement, RoutingKnobs] | None"]
+Build = Callable[[PlacementView], "tuple[Placement, MoeKnobs] | None"]
 
 
 class PlacementSwitch:
@@ -80,7 +63,7 @@ class PlacementSwitch:
         self._lock = asyncio.Lock()  # one prepare + commit at a time
         self.running = 0  # changes between prepare and the end of release
 
-    async def switch(self, new: Placement, knobs: RoutingKnobs | None = None) -> None:
+    async def switch(self, new: Placement, knobs: MoeKnobs | None = None) -> None:
         """Switch to `new` exactly (its version must exceed the committed one); knobs default to the current ones."""
         await self.switch_with(lambda view: (new, knobs if knobs is not None else view.knobs), renumber=False)
 
@@ -97,7 +80,7 @@ class PlacementSwitch:
                 new, knobs = built
                 if renumber:
                     new = dataclasses.replace(new, version=current.placement.version + 1)
-                to_load, to_drop = placement_diff(current.placement, new)
+                diff = placement_diff(current.placement, new)
                 known = self.servers()
                 missing = sorted(set(new.servers()) - set(known))
                 if missing:
@@ -105,11 +88,11 @@ class PlacementSwitch:
                 dead = sorted(s for s in new.servers() if known[s].state == "dead")
                 if dead:
                     raise SwitchError(f"placement v{new.version} names dead servers {dead}")
-                await self.prepare(to_load, known, new.version)
+                await self.prepare(diff.loads, known, new.version)
                 view = PlacementView(new, tuple(known[s] for s in new.servers()), knobs)
                 await self.board.publish(view)
                 log.info("placement v%d committed over %d servers (%s)", new.version, len(new.servers()), knobs.describe())
-            await self.release(to_drop, new.version)
+            await self.release(diff.drops, new.version)
             return view
         finally:
             self.running -= 1

@@ -14,11 +14,11 @@ import logging
 import sys
 from typing import NoReturn
 
-from control_svc.wire import ServerInfo
 from expert_svc.config import ExpertServerConfig
 from expert_svc.control_agent import ControlAgent
 from expert_svc.server import ExpertServerParts, build_expert_server
 from expert_svc.servicer import stats_message
+from moemesh.contracts.info import ServerInfo
 from moemesh.rpc.server import exit_process, run_service
 from moemesh.svc_config import parse_config
 

@@ -10,8 +10,9 @@ import math
 import uuid
 from dataclasses import replace
 
+from moemesh.contracts.info import ModelInfo
 from router_svc.errors import RequestError, invalid, out_of_range
-from router_svc.types import GenerationInput, ModelInfo, SamplingSpec, SequenceSpec
+from router_svc.types import GenerationInput, SamplingSpec, SequenceSpec
 
 MAX_REQUEST_ID_LEN = 256
 MAX_STOP_STRINGS = 64

@@ -15,8 +15,8 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from moemesh.contracts.info import LoadReport
 from router_svc.errors import RequestError
-from router_svc.types import LoadReport
 
 log = logging.getLogger(__name__)
 

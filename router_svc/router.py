@@ -12,12 +12,13 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import AsyncIterator
 
+from moemesh.contracts.info import ModelInfo
 from router_svc.admission import Admission
 from router_svc.errors import RequestError
 from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
 from router_svc.replicas import ReplicaSet
-from router_svc.types import Delta, Finished, GenerationInput, ModelInfo, SequenceSpec, SequenceUpdate
+from router_svc.types import Delta, Finished, GenerationInput, SequenceSpec, SequenceUpdate
 
 
 class Router:

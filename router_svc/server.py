@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from moemesh.rpc.server import MeshServer, Service, build_server, run_service
@@ -20,7 +21,6 @@ from router_svc.discovery import Discovery, Resolver, dns_resolve
 from router_svc.replicas import Replica, ReplicaSet
 from router_svc.router import Router
 from router_svc.servicer import SERVICE_NAME, GenerationServicer, add_to_server
-from router_svc.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +89,13 @@ async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> 
         return AttentionClient(address, cfg.rpc)
 
     clients = [make_client(a) for a in await discovery.wait_for_addresses(cfg.connect_timeout_s)]
-    info, model_dir = await clients[0].get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+    info = await clients[0].get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
     for c in clients[1:]:
-        other, _ = await c.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+        other = await c.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
         if other.vocab_size != info.vocab_size or other.architecture != info.architecture:
             raise ValueError(f"attention: replica {c.address} serves a different model than {clients[0].address}")
-    tokenizer = load_tokenizer(cfg.model_dir or model_dir)
-    info = ModelInfo(**{**info.__dict__, "has_chat_template": bool(tokenizer and tokenizer.has_chat_template)})
+    tokenizer = load_tokenizer(cfg.model_dir or info.model_dir)
+    info = replace(info, has_chat_template=bool(tokenizer and tokenizer.has_chat_template))
     replicas = ReplicaSet([Replica(c.address, c) for c in clients])
     router = Router(info, replicas, Admission(cfg.max_running, cfg.max_queued), tokenizer)
     mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME))

@@ -10,10 +10,11 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 
+from moemesh.contracts.info import ModelInfo
 from moemesh.rpc.protos import load
 from router_svc.errors import RequestError, invalid
 from router_svc.router import Router
-from router_svc.types import ChatTurn, Delta, GenerationInput, ModelInfo, SamplingSpec
+from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec
 from router_svc.utf8 import find_bad_utf8
 
 pb, pb_grpc = load("generation")

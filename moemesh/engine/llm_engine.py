@@ -27,7 +27,7 @@ from moemesh.engine.scheduler import ScheduledBatch, Scheduler
 from moemesh.models.batch import BatchMeta, SeqSlice
 from moemesh.models.registry import get_architecture
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.moe.local_experts import LocalExperts
 
 

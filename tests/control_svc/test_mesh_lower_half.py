@@ -1,22 +1,24 @@
 """Control plane + expert servers (registered through their ControlAgent) + an attention replica's
-RemoteExperts following the placement: the initial placement and one live switch, end to end."""
+expert backend following the placement: the initial placement and one live switch, end to end."""
 import asyncio
-import functools
 
 import torch
 
-from attention_svc.remote_experts import RemoteExperts
-from control_svc.client import AttentionControlClient
+from attention_svc.config import AttentionConfig
+from attention_svc.remote_backend import open_remote_experts
 from control_svc.config import ControlConfig
-from control_svc.placement.types import Placement
 from control_svc.server import build_control_server
 from expert_svc.control_agent import ControlAgent
 from expert_svc.serve import server_info
 from expert_svc.servicer import stats_message
 from kernels import grouped_expert_mlp
+from moemesh.contracts.placement import Placement
 from moemesh.rpc.config import RpcConfig
-from moemesh.transport.dist_transport import open_transport
 from tests.expert_svc.fixtures import all_weights, in_loop, routed_rows, running_expert_servers
+
+
+def attention_config(model_dir, control_addr: str, transport: str) -> AttentionConfig:
+    return AttentionConfig(model_dir=str(model_dir), control_addr=control_addr, transport=transport)
 
 
 def test_initial_placement_then_live_switch(moe_dir, loop):
@@ -29,15 +31,13 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
                 agents = [ControlAgent(control.address, RpcConfig(), server_info(p), lambda p=p: stats_message(p.shard)) for p in experts]
                 for a in agents:
                     await a.register()
-                client = AttentionControlClient(control.address, RpcConfig())
-                await client.register("127.0.0.1:9")
-                placement, servers = await client.wait_placement(20)
-                return agents, client, placement, servers
+                backend = await open_remote_experts(attention_config(moe_dir, control.address, "auto"))
+                await backend.register("127.0.0.1:9")
+                return agents, backend
 
-            agents, client, placement, servers = loop.run(register_all(), 30)
-            assert placement.version == 1 and set(servers) == {a.server_id for a in agents}
-            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="auto", rpc=RpcConfig()))
-            follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
+            agents, backend = loop.run(register_all(), 30)
+            remote = backend.compute
+            assert remote.placement.version == 1 and set(remote.placement.servers()) == {a.server_id for a in agents}
             x, ids, counts = routed_rows(30, list(range(8)))
             for layer in cfg.moe_layers:
                 torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
@@ -47,7 +47,8 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
             v2 = Placement(2, {l: tuple((first,) for _ in range(8)) for l in cfg.moe_layers})
             switch = loop.submit(control.plane.switch.switch(v2))
             for _ in range(200):  # the next step adopts v2 once it is committed
-                if remote.begin_step() == 2:
+                backend.begin_step()
+                if backend.placement_version() == 2:
                     break
                 loop.run(asyncio.sleep(0.02), 5)
             assert remote.placement.version == 2
@@ -56,14 +57,12 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
             assert experts[1].shard.held() == {}  # old copies dropped
             for layer in cfg.moe_layers:
                 torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
-            follow.cancel()
-            remote.close()
 
             async def close_all():
+                await backend.close()
                 for a in agents:
                     await a.deregister()
                     await a.close()
-                await client.close()
 
             loop.run(close_all(), 20)
             assert control.plane.registry.experts == {}
@@ -90,13 +89,12 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
                 agents = [ControlAgent(control.address, RpcConfig(), server_info(p), lambda p=p: stats_message(p.shard)) for p in experts]
                 for a in agents:
                     await a.register()
-                client = AttentionControlClient(control.address, RpcConfig())
-                await client.register("127.0.0.1:9")
-                return agents, client, *(await client.wait_placement(20))
+                backend = await open_remote_experts(attention_config(moe_dir, control.address, "grpc"))
+                await backend.register("127.0.0.1:9")
+                return agents, backend
 
-            agents, client, placement, servers = loop.run(setup(), 30)
-            remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="grpc", rpc=RpcConfig()))
-            follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
+            agents, backend = loop.run(setup(), 30)
+            remote = backend.compute
             stop, errors, steps = threading.Event(), [], [0]
             x, ids, counts = routed_rows(24, list(range(8)))
 
@@ -130,14 +128,12 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
             assert experts[1].shard.held() == {}
             assert experts[0].shard.held() == {l: tuple(range(8)) for l in cfg.moe_layers}
             assert agents[1].server_id not in control.plane.registry.experts
-            follow.cancel()
-            remote.close()
 
             async def close_all():
+                await backend.close()
                 await agents[0].deregister()
                 for a in agents:
                     await a.close()
-                await client.close()
 
             loop.run(close_all(), 20)
     finally:

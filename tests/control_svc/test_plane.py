@@ -6,7 +6,7 @@ import pytest
 from control_svc.config import ControlConfig
 from control_svc.plane import ControlPlane
 from control_svc.registry import Registry
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
 from moemesh.rpc.protos import load as load_protos
 from moemesh.telemetry import ServiceMetrics
 

@@ -1,7 +1,7 @@
 import pytest
 
 from control_svc.registry import Registry, UnknownId
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
 
 
 class Clock:

@@ -5,7 +5,8 @@ import pytest
 
 from control_svc.config import ControlConfig
 from control_svc.server import build_control_server
-from control_svc.wire import ServerInfo, control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
 from tests.expert_svc.fixtures import in_loop, running_expert_servers

@@ -3,20 +3,13 @@ import asyncio
 import pytest
 
 from control_svc.board import PlacementBoard
-from control_svc.placement.types import Placement
-from control_svc.switch import PlacementSwitch, SwitchError, placement_diff
-from control_svc.wire import ServerInfo
+from control_svc.switch import PlacementSwitch, SwitchError
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.placement import Placement
 
 OLD = Placement(1, {0: (("a",), ("b",), ("a", "b"))})
 NEW = Placement(2, {0: (("b",), ("b",), ("a",))})
 SERVERS = {s: ServerInfo(s, f"127.0.0.1:{i + 1}") for i, s in enumerate("abc")}
-
-
-def test_diff():
-    to_load, to_drop = placement_diff(OLD, NEW)
-    assert to_load == {"b": {0: (0,)}}
-    assert to_drop == {"a": {0: (0,)}, "b": {0: (2,)}}
-    assert placement_diff(Placement(0), OLD) == ({"a": {0: (0, 2)}, "b": {0: (1, 2)}}, {})
 
 
 class FakeOps:

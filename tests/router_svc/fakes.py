@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
-from router_svc.types import LoadReport, SequenceUpdate
+from moemesh.contracts.info import LoadReport
+from router_svc.types import SequenceUpdate
 
 
 class FakeAttention:

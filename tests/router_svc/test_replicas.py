@@ -2,9 +2,9 @@ import asyncio
 
 import pytest
 
+from moemesh.contracts.info import LoadReport
 from router_svc.errors import RequestError
 from router_svc.replicas import Replica, ReplicaSet
-from router_svc.types import LoadReport
 
 
 class FakeLoad:
