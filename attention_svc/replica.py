@@ -10,10 +10,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import AsyncIterator
 
-from attention_svc.errors import ReplicaError
+import grpc
+
 from attention_svc.step_loop import StepLoop
 from moemesh.contracts.info import LoadReport, ModelInfo
 from moemesh.engine import SamplingParams, StepOutput
+from moemesh.errors import MeshError, invalid, out_of_range
 
 
 @dataclass(frozen=True)
@@ -55,22 +57,20 @@ class AttentionReplica:
     def sampling_params(self, req: SequenceRequest) -> SamplingParams:
         """The client's fields over the engine's defaults; an unset max_new_tokens is capped by the context."""
         if not req.prompt_token_ids:
-            raise ReplicaError("INVALID_ARGUMENT", "prompt_token_ids: must not be empty")
+            raise invalid("prompt_token_ids: must not be empty")
         room = self.engine.max_model_len - len(req.prompt_token_ids)
         if room < 1:
-            raise ReplicaError(
-                "OUT_OF_RANGE",
+            raise out_of_range(
                 f"prompt_token_ids: {len(req.prompt_token_ids)} tokens leave no room in the context of {self.engine.max_model_len}",
             )
         try:
             params = SamplingParams(**req.sampling)
         except ValueError as exc:
-            raise ReplicaError("INVALID_ARGUMENT", str(exc)) from exc
+            raise invalid(str(exc)) from exc
         if "max_new_tokens" not in req.sampling:
             params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
         elif params.max_new_tokens > room:
-            raise ReplicaError(
-                "OUT_OF_RANGE",
+            raise out_of_range(
                 f"max_new_tokens: prompt ({len(req.prompt_token_ids)}) + max_new_tokens ({params.max_new_tokens}) "
                 f"exceeds the context of {self.engine.max_model_len}",
             )
@@ -78,7 +78,7 @@ class AttentionReplica:
 
     async def generate(self, req: SequenceRequest) -> AsyncIterator[StepOutput]:
         if not self.serving:
-            raise ReplicaError("UNAVAILABLE", "attention: this replica is shutting down")
+            raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: this replica is shutting down")
         params = self.sampling_params(req)
         queue = self.loop.add(req.request_id, req.prompt_token_ids, params)
         finished = False

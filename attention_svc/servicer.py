@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import grpc
 
-from attention_svc.errors import ReplicaError
 from attention_svc.replica import AttentionReplica, SequenceRequest
 from moemesh.contracts.wire import load_to_proto, model_info_to_proto
+from moemesh.errors import MeshError
 from moemesh.rpc.protos import load
 
 pb, pb_grpc = load("attention")
@@ -41,8 +41,8 @@ class AttentionServicer(pb_grpc.AttentionServicer):
             req = to_request(request)
             async for out in self.replica.generate(req):
                 yield to_update(out, req.logprobs)
-        except ReplicaError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
 
     async def Abort(self, request, context):
         return pb.AbortSequenceResponse(found=self.replica.abort(request.request_id))

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+import grpc
 import torch
 
 from control_svc.board import PlacementBoard, PlacementView
@@ -27,6 +28,7 @@ from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.knobs import check_change
+from moemesh.errors import MeshError, invalid
 from moemesh.telemetry import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -123,17 +125,21 @@ class ControlPlane:
     # ---- placement changes -------------------------------------------------------------------
     async def rebalance(self, force: bool = False, prior: int = 1) -> RebalancePlan:
         """Solve for the window load (+ `prior` tokens per expert, so an idle mesh still spreads)
-        and switch when the plan says so. Returns the plan (`placement` None: nothing switched)."""
+        and switch when the plan says so. Returns the plan (`placement` None: nothing switched).
+        MeshError FAILED_PRECONDITION before the first placement or when the servers cannot hold
+        the experts, ABORTED when the switch cannot be prepared."""
         plans: list[RebalancePlan] = []
 
         def build(view: PlacementView):
-            if view.placement.version == 0:
-                raise ValueError("no placement yet: the expert servers have not all registered")
+            self._check_placed(view)
             budgets = self.budgets()
             if not budgets:
-                raise ValueError("no serving expert server to place experts on")
+                raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "no serving expert server to place experts on")
             num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
-            plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force, prior)
+            try:
+                plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force, prior)
+            except ValueError as e:  # e.g. the serving servers' budgets cannot hold every expert
+                raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from e
             plans.append(plan)
             return None if plan.placement is None else (plan.placement, view.knobs)
 
@@ -152,12 +158,12 @@ class ControlPlane:
 
     async def set_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> PlacementView:
         """Commit a new version with the same replicas and the changed knobs; returns once every
-        live attention replica runs it (or after `release_timeout_s`). ValueError for bad values."""
+        live attention replica runs it (or after `release_timeout_s`). MeshError INVALID_ARGUMENT
+        for bad values, FAILED_PRECONDITION before the first placement, ABORTED as `rebalance`."""
         self.check_knobs(top_k, capacity_factor, layer)
 
         def build(view: PlacementView):
-            if view.placement.version == 0:
-                raise ValueError("no placement yet: the expert servers have not all registered")
+            self._check_placed(view)
             return view.placement, view.knobs.updated(top_k, capacity_factor, layer)
 
         view = await self.switch.switch_with(build)
@@ -166,8 +172,16 @@ class ControlPlane:
         return view
 
     def check_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> None:
-        """ValueError naming the field when these knob values are invalid for the model."""
-        check_change(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+        """MeshError INVALID_ARGUMENT naming the field when these knob values do not fit the model."""
+        try:
+            check_change(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+        except ValueError as e:
+            raise invalid(str(e)) from e
+
+    @staticmethod
+    def _check_placed(view: PlacementView) -> None:
+        if view.placement.version == 0:
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "no placement yet: the expert servers have not all registered")
 
     def drain(self, server_id: str) -> tuple[str, bool]:
         """Mark `server_id` draining and, when other servers serve, switch in a placement without

@@ -10,13 +10,11 @@ from dataclasses import dataclass
 from control_svc.config import ControlConfig
 from control_svc.expert_ops import GrpcExpertOps
 from control_svc.plane import ControlPlane
-from control_svc.servicer import ControlServicer
+from control_svc.servicer import SERVICE_NAME, ControlServicer
 from moemesh.config import ModelConfig
 from moemesh.contracts.wire import control_grpc
 from moemesh.rpc.server import MeshServer, Service, build_server
 from moemesh.telemetry import MetricsServer, ServiceMetrics
-
-SERVICE_NAME = "moemesh.v1.ControlService"
 
 
 @dataclass

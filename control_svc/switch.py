@@ -11,7 +11,9 @@ The initial placement is the same path with an empty old placement.
 Prepare and commit of one change at a time run under a lock. The wait for adoption does not hold
 it (a failover must not queue behind a slow release); the drops then take the lock again and
 skip every copy the placement committed by then names, so a later change that re-adds a copy is
-never undone. Dead servers are never called.
+never undone. Dead servers are never called. A change that cannot be prepared (a server fails to
+load, or the placement names unknown or dead servers) raises MeshError ABORTED and the old
+placement stays committed.
 """
 from __future__ import annotations
 
@@ -20,11 +22,14 @@ import dataclasses
 import logging
 from typing import Callable, Mapping, Protocol
 
+import grpc
+
 from control_svc.board import PlacementBoard, PlacementView
 from control_svc.placement import placement_diff
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.contracts.placement import LayerExperts, Placement
+from moemesh.errors import MeshError
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +37,6 @@ log = logging.getLogger(__name__)
 class ExpertServerOps(Protocol):
     async def load(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
     async def drop(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
-
-
-class SwitchError(RuntimeError):
-    """A placement change could not be prepared; the old placement stays committed."""
 
 
 # build(current view) -> (placement, knobs) to switch to, or None for no change; its version is
@@ -84,10 +85,10 @@ class PlacementSwitch:
                 known = self.servers()
                 missing = sorted(set(new.servers()) - set(known))
                 if missing:
-                    raise SwitchError(f"placement v{new.version} names unknown servers {missing}")
+                    raise MeshError(grpc.StatusCode.ABORTED, f"placement v{new.version} names unknown servers {missing}")
                 dead = sorted(s for s in new.servers() if known[s].state == "dead")
                 if dead:
-                    raise SwitchError(f"placement v{new.version} names dead servers {dead}")
+                    raise MeshError(grpc.StatusCode.ABORTED, f"placement v{new.version} names dead servers {dead}")
                 await self.prepare(diff.loads, known, new.version)
                 view = PlacementView(new, tuple(known[s] for s in new.servers()), knobs)
                 await self.board.publish(view)
@@ -102,7 +103,7 @@ class PlacementSwitch:
         try:
             await asyncio.wait_for(asyncio.gather(*calls), self.prepare_timeout_s)
         except Exception as e:
-            raise SwitchError(f"prepare of placement v{version} failed: {e}") from e
+            raise MeshError(grpc.StatusCode.ABORTED, f"prepare of placement v{version} failed: {e}") from e
 
     async def wait_adopted(self, version: int, timeout_s: float) -> bool:
         """Until every live attention replica runs `version` or later (True), or `timeout_s` passed."""

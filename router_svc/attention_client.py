@@ -1,6 +1,6 @@
 """`AttentionClient`: the router's gRPC client of one attention replica (protos <-> domain).
 
-An upstream error becomes a `RequestError` with the replica's status and message, so a client sees
+An upstream error becomes a `MeshError` with the replica's status and message, so a client sees
 e.g. the replica's INVALID_ARGUMENT unchanged. Closing the `generate` stream cancels the call.
 """
 from __future__ import annotations
@@ -13,17 +13,17 @@ import grpc
 
 from moemesh.contracts.info import LoadReport, ModelInfo
 from moemesh.contracts.wire import load_from_proto, model_info_from_proto
+from moemesh.errors import MeshError
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
-from router_svc.errors import RequestError
 from router_svc.types import SequenceSpec, SequenceUpdate
 
 pb, pb_grpc = load("attention")
 
 
-def _upstream(exc: grpc.aio.AioRpcError) -> RequestError:
-    return RequestError(exc.code().name, exc.details() or f"attention replica failed with {exc.code().name}")
+def _upstream(exc: grpc.aio.AioRpcError) -> MeshError:
+    return MeshError(exc.code(), exc.details() or f"attention replica failed with {exc.code().name}")
 
 
 def to_proto(spec: SequenceSpec):

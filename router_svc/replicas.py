@@ -15,8 +15,10 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import grpc
+
 from moemesh.contracts.info import LoadReport
-from router_svc.errors import RequestError
+from moemesh.errors import MeshError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ class ReplicaSet:
         """The least-loaded available replica whose address is not in `exclude`."""
         live = [r for r in self.replicas if r.available and r.address not in exclude]
         if not live:
-            raise RequestError("UNAVAILABLE", "attention: no attention replica is available; retry later")
+            raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: no attention replica is available; retry later")
         start = next(self._turn) % len(live)
         rotated = live[start:] + live[:start]
         return min(rotated, key=lambda r: r.load)

@@ -3,9 +3,10 @@ import asyncio
 import pytest
 
 from control_svc.board import PlacementBoard
-from control_svc.switch import PlacementSwitch, SwitchError
+from control_svc.switch import PlacementSwitch
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.placement import Placement
+from moemesh.errors import MeshError
 
 OLD = Placement(1, {0: (("a",), ("b",), ("a", "b"))})
 NEW = Placement(2, {0: (("b",), ("b",), ("a",))})
@@ -54,10 +55,10 @@ def test_failed_prepare_keeps_the_old_placement():
     async def main():
         board = PlacementBoard()
         sw = PlacementSwitch(FakeOps(board, fail=True), board, lambda: SERVERS, lambda: [], 5.0, 5.0)
-        with pytest.raises(SwitchError, match="down"):
+        with pytest.raises(MeshError, match="down"):
             await sw.switch(OLD)
         assert board.version == 0
-        with pytest.raises(SwitchError, match="unknown servers"):
+        with pytest.raises(MeshError, match="unknown servers"):
             await sw.switch(Placement(1, {0: (("zz",),)}))
 
     asyncio.run(main())
