@@ -8,12 +8,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import torch
-
 from expert_svc.config import ExpertServerConfig
 from expert_svc.dist_hub import DistHub
 from expert_svc.servicer import ExpertServicer, expert_grpc
 from expert_svc.shard import ExpertShard
+from moemesh.engine.device import select_device
 from moemesh.rpc.server import MeshServer, Service, build_server
 from moemesh.telemetry import GpuTelemetry, MetricsServer, ServiceMetrics
 
@@ -34,16 +33,6 @@ class ExpertServerParts:
     @property
     def address(self) -> str:
         return self.cfg.advertise_addr or f"{self.cfg.host}:{self.port}"
-
-
-def select_device(spec: str) -> torch.device:
-    """torch.device for "cpu" / "cuda:N"; for CUDA, makes N the current device before any allocation."""
-    device = torch.device(spec)
-    if device.type == "cuda":
-        if not torch.cuda.is_available() or device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {spec!r} is not available on this machine")
-        torch.cuda.set_device(device.index)
-    return device
 
 
 def build_expert_server(cfg: ExpertServerConfig) -> ExpertServerParts:
