@@ -45,9 +45,9 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
     from moemesh.engine import LLMEngine
     from moemesh.engine.device import select_device
 
-    select_device(cfg.device)  # the CUDA device is current before the expert links or the engine allocate
+    select_device(cfg.engine.device)  # the CUDA device is current before the expert links or the engine allocate
     experts = await open_experts(cfg)
-    engine = await asyncio.to_thread(LLMEngine, cfg.engine_config(), experts.compute)
+    engine = await asyncio.to_thread(LLMEngine, cfg.engine, experts.compute)
     metrics = ServiceMetrics("attention")
     loop = StepLoop(engine, between_steps=experts.begin_step, on_step=metrics.observe_step)
     experts.on_placement = loop.wake

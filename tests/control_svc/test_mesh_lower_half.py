@@ -13,12 +13,13 @@ from expert_svc.serve import server_info
 from expert_svc.servicer import stats_message
 from kernels import grouped_expert_mlp
 from moemesh.contracts.placement import Placement
+from moemesh.engine import EngineConfig
 from moemesh.rpc.config import RpcConfig
 from tests.expert_svc.fixtures import all_weights, in_loop, routed_rows, running_expert_servers
 
 
 def attention_config(model_dir, control_addr: str, transport: str) -> AttentionConfig:
-    return AttentionConfig(model_dir=str(model_dir), control_addr=control_addr, transport=transport)
+    return AttentionConfig(EngineConfig(str(model_dir)), control_addr=control_addr, transport=transport)
 
 
 def test_initial_placement_then_live_switch(moe_dir, loop):
