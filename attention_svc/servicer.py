@@ -8,8 +8,8 @@ from moemesh.contracts.wire import load_to_proto, model_info_to_proto
 from moemesh.errors import MeshError
 from moemesh.rpc.protos import load
 
-pb, pb_grpc = load("attention")
 SERVICE_NAME = "moemesh.v1.Attention"
+pb, pb_grpc = load("attention")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed")
 
 

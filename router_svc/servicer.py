@@ -17,8 +17,8 @@ from router_svc.router import Router
 from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec
 from router_svc.utf8 import find_bad_utf8
 
-pb, pb_grpc = load("generation")
 SERVICE_NAME = "moemesh.v1.Generation"
+pb, pb_grpc = load("generation")
 
 
 def parse_request(raw: bytes):
