@@ -15,8 +15,8 @@ from control_svc.config import ControlConfig
 from control_svc.expert_ops import GrpcExpertOps
 from control_svc.plane import ControlPlane
 from control_svc.servicer import SERVICE_NAME, ControlServicer
-from moemesh.config import ModelConfig
 from moemesh.contracts.wire import control_grpc
+from moemesh.models.registry import load_model_config
 from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import MetricsServer, ServiceMetrics
 
@@ -53,7 +53,7 @@ class ControlServer:
 
 
 async def create_server(cfg: ControlConfig) -> tuple[ControlServer, int]:
-    model = ModelConfig.from_model_dir(cfg.model_dir)
+    model = load_model_config(cfg.model_dir)
     if model.num_experts <= 0:
         raise ValueError(f"model_dir {cfg.model_dir!r} holds a dense model: no experts to place")
     ops = GrpcExpertOps(cfg.rpc, cfg.prepare_timeout_s)

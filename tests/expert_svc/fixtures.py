@@ -11,7 +11,7 @@ import torch
 from expert_svc.config import ExpertServerConfig
 from expert_svc.server import create_server
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
+from moemesh.models.registry import load_model_config
 from moemesh.moe.expert_loader import load_expert_weights
 from tests.fixtures.loop_thread import LoopThread
 from tests.fixtures.checkpoints import make_tiny_checkpoint
@@ -30,7 +30,7 @@ def tiny_moe_dir(root: Path) -> Path:
 
 def all_weights(model_dir: Path):
     """layer -> ExpertWeights with every expert, straight from the checkpoint (the oracle)."""
-    cfg = ModelConfig.from_model_dir(model_dir)
+    cfg = load_model_config(model_dir)
     reader = CheckpointReader(model_dir)
     return cfg, {l: load_expert_weights(reader, cfg, l, range(cfg.num_experts), cfg.dtype) for l in cfg.moe_layers}
 
