@@ -60,4 +60,4 @@ def run(ns: argparse.Namespace, name: str, cls, run_spec: str) -> int:
         print(f"moemesh serve {name}: error: {e}", file=sys.stderr)
         return 2
     runner = resolve(run_spec)
-    serve_process(lambda stop: runner(cfg, stop))
+    serve_process(lambda stop: runner(cfg, stop), f"moemesh serve {name}")

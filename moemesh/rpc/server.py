@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from moemesh.errors import USAGE_ERRORS, ServiceFailed
 from moemesh.rpc.config import RpcConfig
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -123,12 +124,25 @@ def print_ready(service: str, address: str, **extra: object) -> None:
     print(f"moemesh {service}_svc: serving {address}{fields}", flush=True)
 
 
-def serve_process(main: Callable[[asyncio.Event], Awaitable[None]]) -> NoReturn:
+def serve_process(main: Callable[[asyncio.Event], Awaitable[None]], prog: str = "moemesh service") -> NoReturn:
     """A service process (`python -m x_svc`, `moemesh serve x`): logs to stderr, runs `main(stop)`
-    until SIGTERM/SIGINT sets `stop` (main then drains and returns), then ends the process."""
+    until SIGTERM/SIGINT sets `stop` (main then drains and returns), then ends the process.
+    Exit status: 0 after a drain; 2 when it could not start for a bad flag, file or value
+    (`USAGE_ERRORS`); 1 when it failed (`ServiceFailed`: restart it) or broke. An error is one line
+    on stderr, `{prog}: error: ...`, never a traceback."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    run_service(main)
-    exit_process(0)
+    try:
+        run_service(main)
+    except ServiceFailed as exc:
+        code, text = 1, str(exc)
+    except USAGE_ERRORS as exc:
+        code, text = 2, str(exc) or type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback; the supervisor restarts it
+        code, text = 1, f"{type(exc).__name__}: {exc}"
+    else:
+        exit_process(0)
+    print(f"{prog}: error: {' '.join(text.split())}", file=sys.stderr, flush=True)
+    exit_process(code)
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
