@@ -18,7 +18,8 @@ def to_request(msg) -> SequenceRequest:
     sampling["stop_token_ids"] = tuple(msg.stop_token_ids)
     sampling["ignore_eos"] = msg.ignore_eos
     sampling["prompt_logprobs"] = msg.prompt_logprobs
-    return SequenceRequest(msg.request_id, tuple(msg.prompt_token_ids), sampling, msg.logprobs)
+    # the ids stay in the message's container: the replica checks their number before anything copies them
+    return SequenceRequest(msg.request_id, msg.prompt_token_ids, sampling, msg.logprobs)
 
 
 def to_update(out, logprobs: bool):

@@ -3,6 +3,10 @@
 Every rejection names the field: `INVALID_ARGUMENT` for malformed values, `OUT_OF_RANGE` for values
 beyond the model's limits, `NOT_FOUND` for an unknown model name, `FAILED_PRECONDITION` when the
 model lacks what the request needs (a tokenizer for text, a chat template for messages).
+
+Cheap checks run first and sizes before work: text is measured against `RequestLimits.text_bytes`
+before it is tokenized, token ids are counted before they are validated (in one vectorized pass).
+`prepare` may take a while for a long text (tokenizing): the router runs it on a worker thread.
 """
 from __future__ import annotations
 
@@ -14,9 +18,12 @@ import grpc
 
 from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError, invalid, out_of_range
+from moemesh.token_ids import check_token_ids
+from router_svc.limits import RequestLimits
 from router_svc.types import GenerationInput, SamplingSpec, SequenceSpec
 
 MAX_REQUEST_ID_LEN = 256
+MAX_MODEL_NAME_LEN = 256
 MAX_STOP_STRINGS = 64
 MAX_STOP_TOKEN_IDS = 256
 
@@ -27,17 +34,19 @@ class RequestPreparer:
     `tokenizer` may be None (a model directory without tokenizer.json): then only token ids work.
     """
 
-    def __init__(self, info: ModelInfo, tokenizer=None) -> None:
+    def __init__(self, info: ModelInfo, tokenizer=None, limits: RequestLimits | None = None) -> None:
         self.info = info
         self.tokenizer = tokenizer
+        self.limits = limits or RequestLimits.for_model(info.max_context, tokenizer)
 
     def prepare(self, req: GenerationInput) -> SequenceSpec:
         self._check_model(req.model)
         request_id = self._request_id(req.request_id)
-        ids = self._prompt_ids(req)
-        self._check_sampling(req.sampling, len(ids))
         self._check_stops(req.stop)
-        return SequenceSpec(request_id=request_id, prompt_token_ids=ids, sampling=self._with_eos(req.sampling))
+        sampling = self._check_sampling(req.sampling)
+        ids = self._prompt_ids(req)
+        self._check_room(sampling, len(ids))
+        return SequenceSpec(request_id=request_id, prompt_token_ids=ids, sampling=self._with_eos(sampling))
 
     def _with_eos(self, s: SamplingSpec) -> SamplingSpec:
         """The tokenizer's EOS ids stop generation too (as in `moemesh run`), unless ignore_eos."""
@@ -47,6 +56,8 @@ class RequestPreparer:
         return replace(s, stop_token_ids=s.stop_token_ids + extra) if extra else s
 
     def _check_model(self, model: str) -> None:
+        if len(model) > MAX_MODEL_NAME_LEN:
+            raise invalid(f"model: at most {MAX_MODEL_NAME_LEN} characters, got {len(model)}")
         if model and model != self.info.name:
             raise MeshError(grpc.StatusCode.NOT_FOUND, f"model: unknown model {model!r} (this mesh serves {self.info.name!r})")
 
@@ -57,36 +68,47 @@ class RequestPreparer:
 
     def _prompt_ids(self, req: GenerationInput) -> tuple[int, ...]:
         if req.prompt_token_ids is not None:
-            ids = tuple(req.prompt_token_ids)
             field = "prompt_token_ids"
-            if not ids:
+            if not len(req.prompt_token_ids):
                 raise invalid("prompt_token_ids: must not be empty")
-            self._check_token_ids(field, ids)
+            self._check_count(field, len(req.prompt_token_ids))
+            ids = self._check_token_ids(field, req.prompt_token_ids)
         elif req.messages is not None:
             ids = self._chat_ids(req.messages)
             field = "messages"
         elif req.prompt is not None:
             if not req.prompt:
                 raise invalid("prompt: must not be empty")
-            ids = tuple(self._require_tokenizer("prompt").encode(req.prompt))
+            tok = self._require_tokenizer("prompt")
+            self._check_text("prompt", len(req.prompt.encode("utf-8", "surrogatepass")))
+            ids = tuple(tok.encode(req.prompt))
             field = "prompt"
             if not ids:
                 raise invalid("prompt: encodes to no tokens")
         else:
             raise invalid("prompt: one of prompt, prompt_token_ids or messages is required")
-        if len(ids) >= self.info.max_context:
-            raise out_of_range(
-                f"{field}: {len(ids)} tokens leave no room in the model's context of {self.info.max_context} tokens"
-            )
+        self._check_count(field, len(ids))
         return ids
+
+    def _check_count(self, field: str, n: int) -> None:
+        if n >= self.info.max_context:
+            raise out_of_range(f"{field}: {n} tokens leave no room in the model's context of {self.info.max_context} tokens")
+
+    def _check_text(self, field: str, nbytes: int) -> None:
+        """Before tokenizing: text longer than any text whose tokens fit the context (see limits.py)."""
+        if nbytes > self.limits.text_bytes:
+            raise out_of_range(f"{field}: {nbytes} bytes of text cannot fit the model's context; at most {self.limits.describe_text()}")
 
     def _chat_ids(self, messages) -> tuple[int, ...]:
         if not messages:
             raise invalid("messages: must not be empty")
+        if len(messages) > self.limits.max_messages:
+            raise out_of_range(f"messages: at most {self.limits.max_messages} messages (one per token of the context), got {len(messages)}")
         for i, m in enumerate(messages):
             if not m.role:
                 raise invalid(f"messages[{i}].role: must not be empty")
         tok = self._require_tokenizer("messages")
+        self._check_text("messages", sum(len(m.role.encode("utf-8", "surrogatepass")) + len(m.content.encode("utf-8", "surrogatepass")) for m in messages))
         if not tok.has_chat_template:
             raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "messages: this model has no chat template; send prompt instead")
         try:
@@ -100,12 +122,14 @@ class RequestPreparer:
             raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, f"{field}: this model has no tokenizer; send prompt_token_ids")
         return self.tokenizer
 
-    def _check_token_ids(self, field: str, ids: tuple[int, ...]) -> None:
-        for i, t in enumerate(ids):
-            if not 0 <= t < self.info.vocab_size:
-                raise invalid(f"{field}[{i}]: {t} is not a token id (vocabulary size {self.info.vocab_size})")
+    def _check_token_ids(self, field: str, ids) -> tuple[int, ...]:
+        try:
+            return tuple(check_token_ids(ids, self.info.vocab_size, field))
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
 
-    def _check_sampling(self, s: SamplingSpec, prompt_len: int) -> None:
+    def _check_sampling(self, s: SamplingSpec) -> SamplingSpec:
+        """Raises on a bad value; returns `s` with its stop token ids as a tuple."""
         if s.max_new_tokens is not None:
             if s.max_new_tokens < 1:
                 raise invalid(f"max_new_tokens: must be >= 1, got {s.max_new_tokens}")
@@ -113,24 +137,30 @@ class RequestPreparer:
                 raise out_of_range(
                     f"max_new_tokens: {s.max_new_tokens} is beyond the limit of {self.info.max_new_tokens_limit}"
                 )
-            if prompt_len + s.max_new_tokens > self.info.max_context:
-                raise out_of_range(
-                    f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({s.max_new_tokens}) exceeds "
-                    f"the model's context of {self.info.max_context} tokens"
-                )
         if s.temperature is not None and not (math.isfinite(s.temperature) and s.temperature >= 0):
             raise invalid(f"temperature: must be a finite number >= 0 (0 = greedy), got {s.temperature}")
-        if s.top_p is not None and not (0 < s.top_p <= 1):
+        if s.top_p is not None and not (math.isfinite(s.top_p) and 0 < s.top_p <= 1):
             raise invalid(f"top_p: must be in (0, 1], got {s.top_p}")
         if s.top_k is not None and s.top_k < 0:
             raise invalid(f"top_k: must be >= 0 (0 = off), got {s.top_k}")
         if len(s.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise invalid(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS}, got {len(s.stop_token_ids)}")
-        self._check_token_ids("stop_token_ids", s.stop_token_ids)
+        return replace(s, stop_token_ids=self._check_token_ids("stop_token_ids", s.stop_token_ids) if len(s.stop_token_ids) else ())
+
+    def _check_room(self, s: SamplingSpec, prompt_len: int) -> None:
+        if s.max_new_tokens is not None and prompt_len + s.max_new_tokens > self.info.max_context:
+            raise out_of_range(
+                f"max_new_tokens: prompt ({prompt_len}) + max_new_tokens ({s.max_new_tokens}) exceeds "
+                f"the model's context of {self.info.max_context} tokens"
+            )
 
     def _check_stops(self, stops: tuple[str, ...]) -> None:
         if len(stops) > MAX_STOP_STRINGS:
             raise invalid(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        total = 0
         for i, s in enumerate(stops):
             if not s:
                 raise invalid(f"stop[{i}]: must not be empty")
+            total += len(s.encode("utf-8", "surrogatepass"))
+        if total > self.limits.text_bytes:
+            raise out_of_range(f"stop: {total} bytes of stop strings; at most {self.limits.describe_text()} together")

@@ -1,6 +1,6 @@
 """`Router`: the request path of the front door, independent of gRPC.
 
-    prepare (validate, tokenize) -> admission slot -> replica (the one holding the prompt's prefix,
+    prepare (validate, tokenize; on a worker thread) -> admission slot -> replica (the one holding the prompt's prefix,
     else the least loaded; the next one if it is unavailable before the first token) -> stream its
     tokens through the detokenizer and stop strings -> final message
 
@@ -9,6 +9,7 @@ aborts the sequence there and frees its KV blocks.
 """
 from __future__ import annotations
 
+import asyncio
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -18,6 +19,7 @@ from moemesh.block_hash import block_hashes
 from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError
 from router_svc.admission import Admission
+from router_svc.limits import RequestLimits
 from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
 from router_svc.replicas import ReplicaSet
@@ -33,8 +35,13 @@ class Router:
         self.preparer = RequestPreparer(info, tokenizer)
         self._placed: dict[str, object] = {}  # request id -> replica running it
 
+    @property
+    def limits(self) -> RequestLimits:
+        return self.preparer.limits
+
     async def generate(self, req: GenerationInput, timeout: float | None = None) -> AsyncIterator[Delta | Finished]:
-        spec = self.preparer.prepare(req)
+        # on a worker thread: tokenizing a long prompt (without the GIL) must not hold up other streams
+        spec = await asyncio.to_thread(self.preparer.prepare, req)
         async with self.admission.slot():
             if spec.request_id in self._placed:
                 raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")

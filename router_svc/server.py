@@ -105,7 +105,9 @@ async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> 
     info = replace(info, has_chat_template=bool(tokenizer and tokenizer.has_chat_template))
     replicas = ReplicaSet([Replica(c.address, c) for c in clients], cfg.prefix_imbalance if cfg.prefix_routing else None)
     router = Router(info, replicas, Admission(cfg.max_running, cfg.max_queued), tokenizer)
-    mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME))
+    # a request longer than any valid one is refused by gRPC unread (router_svc/limits.py)
+    mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME),
+                        max_receive_bytes=router.limits.message_bytes)
     port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
     metrics = ServiceMetrics("router")
     metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None

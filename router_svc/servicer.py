@@ -1,7 +1,10 @@
 """`GenerationServicer`: moemesh.v1.Generation <-> `Router` (translation only).
 
 Generate's requests arrive as raw bytes and are parsed here, so a string field with invalid UTF-8
-gets INVALID_ARGUMENT naming the field rather than a generic deserialization failure.
+gets INVALID_ARGUMENT naming the field rather than a generic deserialization failure, and a request
+with more repeated entries than a valid one has is refused before it is parsed (wire_shape.py).
+Repeated fields stay in the parsed message's containers (no copy on the event loop): the router
+checks their sizes, then converts them on a worker thread.
 """
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
 from router_svc.router import Router
-from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec
+from router_svc.types import Delta, GenerationInput, SamplingSpec
+from router_svc.prepare import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from router_svc.utf8 import find_bad_utf8
+from router_svc.wire_shape import check_wire_shape
 
 SERVICE_NAME = "moemesh.v1.Generation"
 pb, pb_grpc = load("generation")
@@ -46,7 +51,7 @@ def to_input(req) -> GenerationInput:
         top_p=_opt(req, "top_p"),
         top_k=_opt(req, "top_k"),
         seed=_opt(req, "seed"),
-        stop_token_ids=tuple(req.stop_token_ids),
+        stop_token_ids=req.stop_token_ids,
         logprobs=req.logprobs,
         prompt_logprobs=req.prompt_logprobs,
         ignore_eos=req.ignore_eos,
@@ -55,10 +60,10 @@ def to_input(req) -> GenerationInput:
         request_id=req.request_id or uuid.uuid4().hex,
         model=req.model,
         prompt=req.prompt if which == "prompt" else None,
-        prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
-        messages=tuple(ChatTurn(m.role, m.content) for m in req.messages.messages) if which == "messages" else None,
+        prompt_token_ids=req.prompt_token_ids.ids if which == "prompt_token_ids" else None,
+        messages=req.messages.messages if which == "messages" else None,  # ChatMessage has role and content, as ChatTurn
         sampling=sampling,
-        stop=tuple(req.stop),
+        stop=req.stop,
     )
 
 
@@ -96,6 +101,7 @@ class GenerationServicer:
 
     async def Generate(self, raw: bytes, context: grpc.aio.ServicerContext):
         try:
+            check_wire_shape(raw, self.router.limits.max_messages, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS)
             inp = to_input(parse_request(raw))
             async for item in self.router.generate(inp, timeout=context.time_remaining()):
                 yield to_response(inp.request_id, item)

@@ -3,6 +3,7 @@ comes back. Proto messages are translated to and from these at the edges (servic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -14,7 +15,7 @@ class SamplingSpec:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: Sequence[int] = ()  # a tuple once prepared
     logprobs: bool = False
     prompt_logprobs: bool = False
     ignore_eos: bool = False
@@ -28,15 +29,17 @@ class ChatTurn:
 
 @dataclass(frozen=True)
 class GenerationInput:
-    """One client request: exactly one of `prompt`, `prompt_token_ids`, `messages` is set."""
+    """One client request: exactly one of `prompt`, `prompt_token_ids`, `messages` is set. The
+    sequences may be a parsed message's repeated fields (not copied): `RequestPreparer` checks their
+    sizes before it converts them."""
 
     request_id: str = ""
     model: str = ""
     prompt: str | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
-    messages: tuple[ChatTurn, ...] | None = None
+    prompt_token_ids: Sequence[int] | None = None
+    messages: Sequence[ChatTurn] | None = None  # or ChatMessage protos (role, content)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
-    stop: tuple[str, ...] = ()
+    stop: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,14 @@ class Service:
 class MeshServer:
     """A `grpc.aio.Server` (same start/stop/add_insecure_port/wait_for_termination) with health."""
 
-    def __init__(self, cfg: RpcConfig, services: tuple[Service, ...]):
+    def __init__(self, cfg: RpcConfig, services: tuple[Service, ...], max_receive_bytes: int | None = None):
         self.cfg = cfg
         self.service_names = tuple(s.name for s in services)
-        self.server = grpc.aio.server(options=cfg.server_options())
+        options = cfg.server_options()
+        if max_receive_bytes is not None:  # a tighter bound for this server (gRPC refuses longer messages unread)
+            limit = min(max_receive_bytes, cfg.max_message_bytes)
+            options = [(k, limit if k == "grpc.max_receive_message_length" else v) for k, v in options]
+        self.server = grpc.aio.server(options=options)
         self.health = health.aio.HealthServicer()
         self._cleanups: list[Callable[[], None]] = []
         for s in services:
@@ -90,10 +94,11 @@ class MeshServer:
         return await self.server.wait_for_termination(timeout)
 
 
-def build_server(cfg: RpcConfig, *services: Service) -> MeshServer:
-    """A server with `services`, health, reflection and cfg's message limits and keepalive.
+def build_server(cfg: RpcConfig, *services: Service, max_receive_bytes: int | None = None) -> MeshServer:
+    """A server with `services`, health, reflection and cfg's message limits (received messages
+    bounded further by `max_receive_bytes` when given) and keepalive.
     Build it on the event loop that will run it (inside a coroutine, or before `asyncio.run` ends)."""
-    return MeshServer(cfg, services)
+    return MeshServer(cfg, services, max_receive_bytes)
 
 
 def make_channel(address: str, cfg: RpcConfig) -> grpc.aio.Channel:
