@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import grpc
@@ -33,7 +34,7 @@ class Router:
         self.admission = admission
         self.tokenizer = tokenizer
         self.preparer = RequestPreparer(info, tokenizer)
-        self._placed: dict[str, object] = {}  # request id -> replica running it
+        self._placed: dict[str, _Running] = {}  # request id -> where it runs
 
     @property
     def limits(self) -> RequestLimits:
@@ -45,10 +46,11 @@ class Router:
         async with self.admission.slot():
             if spec.request_id in self._placed:
                 raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")
+            running = self._placed[spec.request_id] = _Running()
             try:
                 out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
                 finish = ""
-                async with aclosing(self._updates(spec, timeout)) as updates:
+                async with aclosing(self._updates(spec, timeout, running)) as updates:
                     async for update in updates:
                         delta = out.push(update)
                         if delta is not None:
@@ -66,16 +68,16 @@ class Router:
                     yield Delta(text=tail, token_ids=())
                 yield out.finish(finish)
             finally:
-                self._placed.pop(spec.request_id, None)
+                if self._placed.get(spec.request_id) is running:  # an abort may have freed the id for another
+                    del self._placed[spec.request_id]
 
-    async def _updates(self, spec: SequenceSpec, timeout: float | None) -> AsyncIterator[SequenceUpdate]:
+    async def _updates(self, spec: SequenceSpec, timeout: float | None, running: _Running) -> AsyncIterator[SequenceUpdate]:
         """The sequence's updates from the replica `ReplicaSet.pick` chooses for its prompt. A replica that
         is UNAVAILABLE before its first update (draining, down) is marked so and the next one is tried."""
         tried: set[str] = set()
         prefix = self._prefix_keys(spec)
         while True:
-            replica = self.replicas.pick(exclude=tried, prefix=prefix)
-            self._placed[spec.request_id] = replica
+            replica = running.replica = self.replicas.pick(exclude=tried, prefix=prefix)
             started = False
             try:
                 with self.replicas.track(replica):
@@ -98,8 +100,19 @@ class Router:
         return block_hashes(spec.prompt_token_ids, info.kv_block_size)
 
     async def abort(self, request_id: str) -> bool:
-        """Stops a running request; its stream ends with finish_reason "abort". False if unknown."""
-        replica = self._placed.get(request_id)
-        if replica is None:
+        """Stops a running request; its stream ends with finish_reason "abort". False if unknown.
+        Once it returns, the id is free for a new request (the replica frees it on its Abort)."""
+        running = self._placed.get(request_id)
+        if running is None or running.replica is None:
             return False
-        return await replica.client.abort(request_id)
+        found = await running.replica.client.abort(request_id)
+        if self._placed.get(request_id) is running:
+            del self._placed[request_id]
+        return found
+
+
+@dataclass(eq=False)
+class _Running:
+    """One request the router is serving: the replica it runs on (None until one is picked)."""
+
+    replica: object | None = None

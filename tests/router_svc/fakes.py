@@ -25,7 +25,7 @@ class FakeAttention:
 
     async def generate(self, spec, timeout):
         self.specs.append(spec)
-        ev = self._abort_events.setdefault(spec.request_id, asyncio.Event())
+        ev = self._abort_events[spec.request_id] = asyncio.Event()  # this run's: a later run of the id gets its own
         done = False
         try:
             for i, t in enumerate(self.tokens):
@@ -45,6 +45,8 @@ class FakeAttention:
                 )
             done = True
         finally:
+            if self._abort_events.get(spec.request_id) is ev:
+                del self._abort_events[spec.request_id]
             if not done:
                 self.closed_early.append(spec.request_id)
 

@@ -140,3 +140,22 @@ def test_all_replicas_unavailable_is_unavailable(info, tokenizer):
     with pytest.raises(MeshError) as e:
         asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_an_aborted_request_id_is_free_as_soon_as_abort_returns(info, tokenizer):
+    fake = FakeAttention(range(10, 200), delay_s=0.005)
+    router = make_router(info, tokenizer, fake)
+
+    async def main():
+        first = asyncio.create_task(collect(router, GenerationInput(request_id="x", prompt_token_ids=(5,))))
+        await asyncio.sleep(0.03)
+        assert await router.abort("x") is True
+        second = asyncio.create_task(collect(router, GenerationInput(request_id="x", prompt_token_ids=(5,))))
+        first_items = await first  # ending the first must not free the second's id
+        await asyncio.sleep(0.03)
+        assert await router.abort("x") is True
+        return first_items, await second
+
+    first, second = asyncio.run(main())
+    assert first[-1].finish_reason == "abort" and second[-1].finish_reason == "abort"
+    assert router._placed == {}
