@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import grpc
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,9 +98,17 @@ async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> 
         return AttentionClient(address, cfg.rpc)
 
     clients = [make_client(a) for a in await discovery.wait_for_addresses(cfg.connect_timeout_s)]
-    info = await clients[0].get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+
+    async def ask(client: AttentionClient):
+        try:
+            return await client.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+        except grpc.RpcError as exc:
+            raise ConnectionError(f"attention: replica {client.address} did not answer within {cfg.connect_timeout_s:g}s "
+                                  f"({exc.code().name}: {exc.details()})") from exc
+
+    info = await ask(clients[0])
     for c in clients[1:]:
-        other = await c.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+        other = await ask(c)
         if other.vocab_size != info.vocab_size or other.architecture != info.architecture:
             raise ValueError(f"attention: replica {c.address} serves a different model than {clients[0].address}")
     tokenizer = load_tokenizer(cfg.model_dir or info.model_dir)

@@ -93,7 +93,8 @@ class Mesh:
             try:
                 wait_serving(address, self.spec.start_timeout_s, alive=lambda c=child: c.poll() is None)
             except (ChildExited, TimeoutError) as exc:
-                raise MeshFailed(f"{child.name} did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
+                last = child.log_tail(1).strip() or "no output"
+                raise MeshFailed(f"{child.name} did not start ({exc}): {last} (log: {child.log_path})") from exc
 
     def start(self) -> tuple[str, str]:
         """Starts every service; returns (router, control) addresses. On failure stops what started."""

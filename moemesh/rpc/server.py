@@ -142,6 +142,8 @@ def serve_process(main: Callable[[asyncio.Event], Awaitable[None]], prog: str = 
         code, text = 1, str(exc)
     except USAGE_ERRORS as exc:
         code, text = 2, str(exc) or type(exc).__name__
+    except grpc.RpcError as exc:  # a call the service depends on failed
+        code, text = 1, f"{exc.code().name}: {exc.details()}" if hasattr(exc, "code") else str(exc)
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback; the supervisor restarts it
         code, text = 1, f"{type(exc).__name__}: {exc}"
     else:
