@@ -10,8 +10,10 @@ aborts the sequence there and frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 import grpc
@@ -25,6 +27,8 @@ from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
 from router_svc.replicas import ReplicaSet
 from router_svc.types import Delta, Finished, GenerationInput, SequenceSpec, SequenceUpdate
+
+DUPLICATE_GRACE_S = 0.5  # how long a new call waits for a cancelled stream under its id to end
 
 
 class Router:
@@ -44,9 +48,9 @@ class Router:
         # on a worker thread: tokenizing a long prompt (without the GIL) must not hold up other streams
         spec = await asyncio.to_thread(self.preparer.prepare, req)
         async with self.admission.slot():
-            if spec.request_id in self._placed:
-                raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")
+            await self._wait_for_id(spec.request_id)
             running = self._placed[spec.request_id] = _Running()
+            spec = replace(spec, sequence_id=f"{spec.request_id}#{uuid.uuid4().hex[:12]}")
             try:
                 out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
                 finish = ""
@@ -68,8 +72,22 @@ class Router:
                     yield Delta(text=tail, token_ids=())
                 yield out.finish(finish)
             finally:
+                running.ended.set()
                 if self._placed.get(spec.request_id) is running:  # an abort may have freed the id for another
                     del self._placed[spec.request_id]
+
+    async def _wait_for_id(self, request_id: str) -> None:
+        """Raises ALREADY_EXISTS while another stream runs under `request_id`. A stream whose client
+        cancelled it ends within a turn or two of the event loop, but its cancellation and a new
+        call reusing the id may be processed in either order: a stream still there gets
+        DUPLICATE_GRACE_S to end first."""
+        running = self._placed.get(request_id)
+        if running is None:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(running.ended.wait(), DUPLICATE_GRACE_S)
+        if request_id in self._placed:
+            raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {request_id!r} is already running")
 
     async def _updates(self, spec: SequenceSpec, timeout: float | None, running: _Running) -> AsyncIterator[SequenceUpdate]:
         """The sequence's updates from the replica `ReplicaSet.pick` chooses for its prompt. A replica that
@@ -78,6 +96,7 @@ class Router:
         prefix = self._prefix_keys(spec)
         while True:
             replica = running.replica = self.replicas.pick(exclude=tried, prefix=prefix)
+            running.sequence_id = spec.sequence_id
             started = False
             try:
                 with self.replicas.track(replica):
@@ -105,7 +124,7 @@ class Router:
         running = self._placed.get(request_id)
         if running is None or running.replica is None:
             return False
-        found = await running.replica.client.abort(request_id)
+        found = await running.replica.client.abort(running.sequence_id)
         if self._placed.get(request_id) is running:
             del self._placed[request_id]
         return found
@@ -113,6 +132,9 @@ class Router:
 
 @dataclass(eq=False)
 class _Running:
-    """One request the router is serving: the replica it runs on (None until one is picked)."""
+    """One request the router is serving: the replica it runs on (None until one is picked), its id
+    there, and `ended` once its stream is over."""
 
     replica: object | None = None
+    sequence_id: str = ""
+    ended: asyncio.Event = field(default_factory=asyncio.Event)

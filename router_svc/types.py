@@ -44,11 +44,14 @@ class GenerationInput:
 
 @dataclass(frozen=True)
 class SequenceSpec:
-    """What an attention replica runs: token ids and sampling, already validated."""
+    """What an attention replica runs: token ids and sampling, already validated. `sequence_id` is
+    the replica's name for it: the client's id made unique by the router, so that ids of clients of
+    different routers, or an id reused right after a cancel, never collide on a replica."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingSpec
+    sequence_id: str = ""
 
 
 @dataclass(frozen=True)

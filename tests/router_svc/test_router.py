@@ -77,7 +77,7 @@ def test_abort_reaches_the_replica(info, tokenizer):
 
 
 def test_duplicate_running_request_id_is_refused(info, tokenizer):
-    fake = FakeAttention(range(10, 200), delay_s=0.002)
+    fake = FakeAttention(range(10, 2000), delay_s=0.002)  # runs past the grace a new call with its id waits
     router = make_router(info, tokenizer, fake)
 
     async def main():
