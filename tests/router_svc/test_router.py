@@ -159,3 +159,22 @@ def test_an_aborted_request_id_is_free_as_soon_as_abort_returns(info, tokenizer)
     first, second = asyncio.run(main())
     assert first[-1].finish_reason == "abort" and second[-1].finish_reason == "abort"
     assert router._placed == {}
+
+
+@pytest.mark.parametrize("code, message", [
+    (grpc.StatusCode.INTERNAL, "logits: the model computed NaN or infinite logits for this sequence"),
+    (grpc.StatusCode.INVALID_ARGUMENT, "temperature: must be a finite number >= 0"),
+])
+def test_a_sequence_failing_alone_does_not_mark_its_replica_unavailable(info, tokenizer, code, message):
+    """Only UNAVAILABLE (a replica going away, a failed expert call) takes a replica out of rotation."""
+    class Failing(FakeAttention):
+        async def generate(self, spec, timeout):
+            raise MeshError(code, message)
+            yield
+
+    replicas = ReplicaSet([Replica("a", Failing([], address="a")), Replica("b", FakeAttention([10, 11], address="b"))])
+    router = Router(info, replicas, Admission(4, 4), tokenizer)
+    with pytest.raises(MeshError) as e:
+        asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
+    assert (e.value.code, e.value.message) == (code, message)
+    assert all(r.available for r in replicas.replicas)
