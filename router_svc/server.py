@@ -11,7 +11,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from moemesh.rpc.server import MeshServer, Service, build_server, run_service
+from moemesh.rpc.server import NOT_SERVING, SERVING, MeshServer, Service, build_server, run_service
 from moemesh.telemetry import MetricsServer, ServiceMetrics
 from router_svc.admission import Admission
 from router_svc.attention_client import AttentionClient
@@ -50,6 +50,18 @@ class RouterServer:
         self.metrics = ServiceMetrics("router")
         self.metrics_server: MetricsServer | None = None  # /metrics when serve_metrics() was called
         self._gauges: asyncio.Task | None = None
+        self._health: asyncio.Task | None = None
+
+    async def track_health(self) -> None:
+        """The Generation service's health follows the replicas: SERVING only while one is available
+        (the overall "" status stays the process's own, which the launcher and liveness probes read)."""
+        serving = None
+        while True:
+            now = self.router.serving
+            if now != serving:
+                await self.mesh.health.set(SERVICE_NAME, SERVING if now else NOT_SERVING)
+                serving = now
+            await asyncio.sleep(self.poll_s)
 
     def serve_metrics(self, port: int, host: str) -> None:
         """/metrics on host:port (0 = any free port); the queue depth is refreshed every poll period."""
@@ -70,9 +82,12 @@ class RouterServer:
                 self.discovery.run_forever(self.router.replicas, self.make_client, self.discovery_s, max(self.poll_s, 1.0))
             )
         await self.mesh.start()
+        self._health = asyncio.create_task(self.track_health())
 
     async def shutdown(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING, new calls UNAVAILABLE, in-flight streams get the grace period."""
+        if self._health is not None:
+            self._health.cancel()
         await self.mesh.shutdown(grace_s)
         for task in (self._poller, self._discoverer, self._gauges):
             if task is not None:

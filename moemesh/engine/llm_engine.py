@@ -21,7 +21,7 @@ from moemesh.engine.device import DeviceReader, on_device, select_device
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.outputs import GenerationResult, StepOutput
 from moemesh.engine.request import Request
-from moemesh.engine.sampler import prompt_logprobs, sample
+from moemesh.engine.sampler import prompt_logprobs, sample, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
 from moemesh.engine.scheduler import ScheduledBatch, Scheduler
 from moemesh.models.batch import BatchMeta, SeqSlice
@@ -131,8 +131,9 @@ class LLMEngine:
             logits = self._run(slices)  # one [rows, V] tensor per request
             last = torch.stack([l[-1] for l in logits])  # [B, V]
             tokens, lps = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
-            for req, rows, tok, lp in zip(reqs, logits, tokens, lps):
-                outputs.append(self._update(req, rows, tok, lp))
+            tops = top_logprobs(last, [r.params.top_logprobs for r in reqs])
+            for req, rows, tok, lp, top in zip(reqs, logits, tokens, lps, tops):
+                outputs.append(self._update(req, rows, tok, lp, top))
             return outputs
 
     def _slice(self, req: Request, decode: bool) -> SeqSlice:
@@ -153,7 +154,7 @@ class LLMEngine:
                 by_slice[id(s)] = logits[first : first + n]
         return [by_slice[id(s)] for s in slices]
 
-    def _update(self, req: Request, rows: torch.Tensor, token: int, logprob: float) -> StepOutput:
+    def _update(self, req: Request, rows: torch.Tensor, token: int, logprob: float, top=None) -> StepOutput:
         plp = None
         if req.prompt_logprobs_pending:
             plp = prompt_logprobs(rows[: len(req.prompt_token_ids)], req.prompt_token_ids)
@@ -167,7 +168,7 @@ class LLMEngine:
             req.finish_reason = "length"
         if req.finish_reason is not None:
             self.scheduler.remove(req)
-        return StepOutput(req.request_id, token, logprob, req.finish_reason is not None, req.finish_reason, plp)
+        return StepOutput(req.request_id, token, logprob, req.finish_reason is not None, req.finish_reason, plp, top)
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(

@@ -33,7 +33,7 @@ def spread_over_replicas(router: str, replicas: list[psutil.Process]) -> None:
     """Concurrent requests land on both attention replicas (least loaded first)."""
     import grpc
 
-    from router_svc.client import build_request
+    from moemesh.rpc.generation import build_request
     from tests.e2e.helpers import gen_grpc
 
     addresses = [f"127.0.0.1:{p.cmdline()[p.cmdline().index('--port') + 1]}" for p in replicas]

@@ -1,7 +1,7 @@
 """Proto <-> domain translation of the Generation servicer (no server needed)."""
 import pytest
 
-from router_svc.client import Completion, build_request
+from moemesh.rpc.generation import Completion, build_request
 from router_svc.errors import RequestError
 from router_svc.servicer import parse_request, to_input, to_response
 from router_svc.types import Delta, Finished
