@@ -76,6 +76,8 @@ class RequestPreparer:
                 raise invalid("tools: only a chat request (messages) can carry tools")
             if req.chat_template_kwargs:
                 raise invalid("chat_template_kwargs: only a chat request (messages) uses the chat template")
+            if req.continue_final_message:
+                raise invalid("continue_final_message: only a chat request (messages) has a final message")
         if req.prompt_token_ids is not None:
             ids = tuple(req.prompt_token_ids)
             field = "prompt_token_ids"
@@ -83,7 +85,7 @@ class RequestPreparer:
                 raise invalid("prompt_token_ids: must not be empty")
             self._check_token_ids(field, ids)
         elif req.messages is not None:
-            ids = self._chat_ids(req.messages, req.tools, req.chat_template_kwargs)
+            ids = self._chat_ids(req.messages, req.tools, req.chat_template_kwargs, req.continue_final_message)
             field = "messages"
         elif req.prompt is not None:
             if not req.prompt:
@@ -102,9 +104,11 @@ class RequestPreparer:
                 f"{field}: {len(ids)} tokens leave no room in the model's context of {self.info.max_context} tokens"
             )
 
-    def _chat_ids(self, messages, tools=(), template_kwargs=()) -> tuple[int, ...]:
+    def _chat_ids(self, messages, tools=(), template_kwargs=(), continue_final: bool = False) -> tuple[int, ...]:
         if not messages:
             raise invalid("messages: must not be empty")
+        if continue_final and (messages[-1].role != "assistant" or not messages[-1].content):
+            raise invalid("continue_final_message: the last message must be an assistant message with content")
         rendered = [_message_dict(i, m) for i, m in enumerate(messages)]
         extra = _template_kwargs(template_kwargs)
         if tools:
@@ -113,9 +117,11 @@ class RequestPreparer:
         if not tok.has_chat_template:
             raise RequestError("FAILED_PRECONDITION", "messages: this model has no chat template; send prompt instead")
         try:
-            text = tok.apply_chat_template(rendered, **extra)
+            text = tok.apply_chat_template(rendered, add_generation_prompt=not continue_final, **extra)
         except Exception as exc:  # a template may raise on roles or content it does not support
             raise invalid(f"messages: the chat template rejected them ({exc})") from exc
+        if continue_final:
+            text = _cut_after_final(text, messages[-1].content)
         return tuple(tok.encode(text, add_special_tokens=False))
 
     def _require_tokenizer(self, field: str):
@@ -159,6 +165,14 @@ class RequestPreparer:
         for i, s in enumerate(stops):
             if not s:
                 raise invalid(f"stop[{i}]: must not be empty")
+
+
+def _cut_after_final(text: str, content: str) -> str:
+    """The rendered chat up to the end of the final message's content (its end-of-turn dropped)."""
+    at = text.rfind(content)
+    if at < 0:
+        raise invalid("continue_final_message: the chat template does not render the last message's content as sent")
+    return text[: at + len(content)]
 
 
 def _json_object(text: str, field: str, empty: dict | None = None) -> dict:

@@ -62,6 +62,7 @@ def to_input(req) -> GenerationInput:
         tools=tuple(ToolSpec(t.name, t.description, t.parameters) for t in req.tools),
         chat_template_kwargs=tuple(sorted(req.chat_template_kwargs.items())),
         fill_context=req.fill_context,
+        continue_final_message=req.continue_final_message,
     )
 
 

@@ -63,6 +63,7 @@ class GenerationInput:
     tools: tuple[ToolSpec, ...] = ()
     chat_template_kwargs: tuple[tuple[str, str], ...] = ()  # (name, JSON value in text form)
     fill_context: bool = False  # max_new_tokens unset: up to the context, not the model's default
+    continue_final_message: bool = False  # chat: go on from the last (assistant) message's text
 
 
 @dataclass(frozen=True)
