@@ -5,8 +5,10 @@ content_block_delta..., content_block_stop, message_delta, message_stop).
 `system` as a string or text blocks; `tool_use` / `tool_result` / `thinking` blocks rendered back
 through the chat template; tool calls out as `tool_use` blocks (streamed as one `input_json_delta`
 when the call is complete), `<think>` output as `thinking` blocks; `thinking: {type: enabled}` sets
-the template's `enable_thinking`. Refused with 400: image and document blocks, server tools, and a
-forced tool choice (`any` / `tool`), which this server cannot enforce.
+the template's `enable_thinking`, `output_config.effort` its `reasoning_effort`; `temperature`,
+`top_p` and `top_k` are taken where clients send them; an assistant message last is a prefill to
+continue. Refused with 400: image and document blocks, server tools, structured output
+(`output_config.format`) and a forced tool choice (`any` / `tool`), which this server cannot enforce.
 """
 from __future__ import annotations
 
@@ -118,9 +120,15 @@ def chat_request(f: Fields):
     if tools and choice != "none":
         req.tools.extend(tools)
     kwargs = template_kwargs(f)
-    thinking = f.sub("thinking").str("type", choices=("enabled", "disabled", "adaptive"))
+    thinking = f.sub("thinking").str("type", choices=("enabled", "disabled", "adaptive", "between_tools"))
     if thinking is not None:
         kwargs.setdefault("enable_thinking", json.dumps(thinking != "disabled"))
+    output = f.sub("output_config")
+    if output.has("format"):
+        raise bad_request("output_config.format: structured output is not supported by this server", "output_config.format")
+    effort = output.str("effort")
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", json.dumps(effort))
     for name, value in kwargs.items():
         req.chat_template_kwargs[name] = value
     last = req.messages.messages[-1]

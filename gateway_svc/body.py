@@ -33,9 +33,11 @@ async def read_json(request, max_bytes: int) -> dict:
     if not raw.strip():
         raise bad_request("request: the body is empty; send a JSON object")
     try:
-        obj = json.loads(raw)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise bad_request(f"request: the body is not UTF-8 ({exc})") from exc
+    try:
+        obj = json.loads(text)
     except ValueError as exc:
         raise bad_request(f"request: the body is not valid JSON ({exc})") from exc
     if not isinstance(obj, dict):

@@ -9,11 +9,11 @@ from tests.gateway_svc.fake_router import FakeRouter, script
 class Running:
     """A gateway in front of the fake router, both on a loop thread."""
 
-    def __init__(self, loop: LoopThread, api_key: str = "") -> None:
+    def __init__(self, loop: LoopThread, **flags) -> None:
         self.loop = loop
         self.router = FakeRouter()
         address = loop.run(self.router.start(), 30)
-        self.server, self.port = loop.run(create_server(GatewayConfig(router=address, api_key=api_key)), 30)
+        self.server, self.port = loop.run(create_server(GatewayConfig(router=address, **flags)), 30)
         loop.run(self.server.start(), 30)
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -21,10 +21,10 @@ class Running:
     def fake(self):
         return self.router.servicer
 
-    def reset(self, responses=None, error=None, delay_s=0.0) -> None:
+    def reset(self, responses=None, error=None, delay_s=0.0, fail_after=None) -> None:
         f = self.fake
         f.responses = responses if responses is not None else script("Hello", " world")
-        f.error, f.delay_s = error, delay_s
+        f.error, f.delay_s, f.fail_after = error, delay_s, fail_after
         f.requests.clear()
         f.cancelled = f.finished = 0
 

@@ -35,17 +35,21 @@ class FakeGeneration:
     responses: list = field(default_factory=lambda: script("Hello", " world"))
     error: tuple | None = None  # (grpc.StatusCode, message) raised before the first response
     delay_s: float = 0.0  # before each response
+    fail_after: int | None = None  # abort with `error` after this many responses
     requests: list = field(default_factory=list)
     cancelled: int = 0
     finished: int = 0
 
     async def Generate(self, request, context):
         self.requests.append(request)
-        if self.error is not None:
+        if self.error is not None and self.fail_after is None:
             await context.abort(*self.error)
         done = False
         try:
-            for resp in self.responses:
+            for i, resp in enumerate(self.responses):
+                if self.fail_after is not None and i == self.fail_after:
+                    done = True
+                    await context.abort(*self.error)
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 yield resp
