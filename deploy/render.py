@@ -14,7 +14,7 @@ renderer never silently differs from kustomize):
   `initContainers`, `env`, `volumes`: name; `volumeMounts`: mountPath; container ports:
   containerPort; service ports: port) with the patch's items first, as kustomize orders them;
   other lists are replaced. `target` selects by `kind`,
-  `name` and `labelSelector` (`k=v,...`); without it, the patch's own kind and name select.
+  `name` and `labelSelector` (`k=v,...`, `k!=v`); without it, the patch's own kind and name select.
 - `images`: `{name, newName?, newTag?, digest?}` rewrites matching container images.
 - `replicas`: `{name, count}` sets `spec.replicas`.
 - `apiVersion`, `kind`: checked to be kustomize's.
@@ -151,6 +151,11 @@ def _selects(obj: Obj, target: Obj) -> bool:
     if "labelSelector" in target:
         labels = meta.get("labels", {})
         for term in str(target["labelSelector"]).split(","):
+            if "!=" in term:  # k!=v: objects without the label match too, as in Kubernetes
+                k, _, v = term.partition("!=")
+                if labels.get(k.strip()) == v.strip():
+                    return False
+                continue
             k, sep, v = term.partition("=")
             if not sep or labels.get(k.strip()) != v.strip():
                 return False
