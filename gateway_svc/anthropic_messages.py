@@ -46,7 +46,12 @@ def block_text(b: Fields) -> str:
     value = b.raw("content", "")
     if isinstance(value, str):
         return value
-    return "\n".join(t.str("text", required=True) for t in blocks(b, "content") if t.str("type", required=True) == "text")
+    texts = []
+    for t in blocks(b, "content"):
+        if t.str("type", required=True) != "text":
+            raise bad_request(f"{t.path}.type: only text tool results are supported (text only for this model)", f"{t.path}.type")
+        texts.append(t.str("text", required=True))
+    return "\n".join(texts)
 
 
 def system_text(f: Fields) -> str:

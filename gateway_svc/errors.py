@@ -37,6 +37,13 @@ ANTHROPIC_TYPES = {
 }
 
 
+# The router's request fields: a message starting with one of them names the field at fault.
+REQUEST_FIELDS = frozenset({
+    "model", "request_id", "prompt", "prompt_token_ids", "messages", "max_new_tokens", "temperature", "top_p", "top_k",
+    "seed", "stop", "stop_token_ids", "tools", "chat_template_kwargs", "top_logprobs", "continue_final_message",
+})
+
+
 class ApiError(Exception):
     """status: HTTP status; param: the request field at fault (OpenAI's `param`), when one is."""
 
@@ -71,8 +78,8 @@ def from_mesh_error(exc: MeshError, names: dict[str, str] | None = None) -> ApiE
     message = exc.message
     head, sep, rest = message.partition(":")
     param = None
-    if sep and head and " " not in head:
-        base = head.split("[", 1)[0]
+    base = head.split("[", 1)[0].split(".", 1)[0]
+    if sep and " " not in head and base in REQUEST_FIELDS:
         param = (names or {}).get(base, base) + head[len(base):]
         message = param + sep + rest
     code = "model_not_found" if exc.code == grpc.StatusCode.NOT_FOUND else exc.code.name.lower()

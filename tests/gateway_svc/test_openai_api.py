@@ -162,8 +162,8 @@ def test_logprobs_and_top_logprobs(gw, client):
     ("INVALID_ARGUMENT", "temperature: must be a finite number >= 0", openai.BadRequestError, 400, "temperature"),
     ("OUT_OF_RANGE", "max_new_tokens: 5000 is beyond the limit of 2047", openai.BadRequestError, 400, "max_tokens"),
     ("NOT_FOUND", "model: unknown model 'x'", openai.NotFoundError, 404, "model"),
-    ("RESOURCE_EXHAUSTED", "request: the router is full (1 running, 0 queued); retry later", openai.RateLimitError, 429, "request"),
-    ("UNAVAILABLE", "attention: no attention replica is available; retry later", openai.InternalServerError, 503, "attention"),
+    ("RESOURCE_EXHAUSTED", "request: the router is full (1 running, 0 queued); retry later", openai.RateLimitError, 429, None),
+    ("UNAVAILABLE", "attention: no attention replica is available; retry later", openai.InternalServerError, 503, None),
     ("DEADLINE_EXCEEDED", "Deadline Exceeded", openai.InternalServerError, 504, None),
 ])
 def test_router_errors_map_to_http_statuses(gw, client, code, message, error, http, param):
