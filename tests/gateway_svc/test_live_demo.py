@@ -68,9 +68,10 @@ def test_stop_strings_and_length(oai, claude, served):
     assert "Paris" not in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
     r = oai.chat.completions.create(model=served, messages=QUESTION, temperature=0, max_tokens=3)
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
-    m = claude.messages.create(model=served, max_tokens=24, messages=QUESTION, stop_sequences=["Paris"])
+    greedy = {"temperature": 0}
+    m = claude.messages.create(model=served, max_tokens=24, messages=QUESTION, stop_sequences=["Paris"], extra_body=greedy)
     assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", "Paris")
-    m = claude.messages.create(model=served, max_tokens=2, messages=QUESTION)
+    m = claude.messages.create(model=served, max_tokens=2, messages=QUESTION, extra_body=greedy)
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 2
 
 
