@@ -11,11 +11,11 @@ from deploy.manifest import (
     named_port_of,
     obj_name,
     service_of,
+    pod_specs,
     selector_matches,
     template_labels_of,
     workloads_of,
 )
-from deploy.render import pod_specs
 
 
 def check_probes(objs: list[Obj], **_) -> list[str]:

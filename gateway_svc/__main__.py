@@ -1,10 +1,8 @@
-"""`python -m gateway_svc --router HOST:PORT [...]`: the HTTP gateway on its own."""
-import logging
-import sys
-
+"""`python -m gateway_svc [flags]`: the HTTP gateway as a process (the same as `moemesh serve gateway`)."""
 from gateway_svc.config import GatewayConfig
-from gateway_svc.server import serve
+from gateway_svc.server import run
+from moemesh.rpc.server import serve_process
 from moemesh.svc_config import parse_config
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-serve(parse_config(GatewayConfig, "gateway", prog="python -m gateway_svc"))
+cfg = parse_config(GatewayConfig, "gateway", prog="python -m gateway_svc")
+serve_process(lambda stop: run(cfg, stop))

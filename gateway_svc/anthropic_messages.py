@@ -169,8 +169,8 @@ def stop_reason(reason: str, stop_string: str, tool_calls: int) -> str:
 
 def usage(u) -> dict:
     """Anthropic counts cached prompt tokens apart from input_tokens."""
-    return {"input_tokens": u.prompt_tokens - u.cached_prompt_tokens, "output_tokens": u.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_prompt_tokens}
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens, "output_tokens": u.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens}
 
 
 def tool_use(call: ToolCall) -> dict:
@@ -185,7 +185,7 @@ def message(result, opts: MessagesOptions) -> dict:
         content.append({"type": "text", "text": result.content})
     content += [tool_use(c) for c in result.tool_calls]
     u = pb.Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
-                 cached_prompt_tokens=result.cached_tokens)
+                 cached_tokens=result.cached_tokens)
     return {
         "id": new_id("msg_"), "type": "message", "role": "assistant", "model": opts.model, "content": content,
         "stop_reason": stop_reason(result.finish_reason, result.stop_string, len(result.tool_calls)),

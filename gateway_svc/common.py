@@ -118,5 +118,5 @@ async def collect(stream, parser: OutputParser) -> Collected:
             out.stop_string = resp.stop_string
             out.prompt_tokens = resp.usage.prompt_tokens
             out.completion_tokens = resp.usage.completion_tokens
-            out.cached_tokens = resp.usage.cached_prompt_tokens
+            out.cached_tokens = resp.usage.cached_tokens
     return out

@@ -223,4 +223,4 @@ async def chunks(stream, opts: ChatOptions, parser: OutputParser):
             if opts.include_usage:
                 u = resp.usage
                 yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": opts.model, "choices": [],
-                       "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens)}
+                       "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)}

@@ -87,7 +87,7 @@ async def complete(stream, opts: CompletionOptions) -> dict:
         "id": new_id("cmpl-"), "object": "text_completion", "created": int(time.time()), "model": opts.model,
         "choices": [{"index": 0, "text": text, "logprobs": logprobs_json(tokens, 0) if opts.logprobs else None,
                      "finish_reason": last.finish_reason}],
-        "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens),
+        "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
     }
 
 
@@ -109,4 +109,4 @@ async def chunks(stream, opts: CompletionOptions):
         if resp.finish_reason and opts.include_usage:
             u = resp.usage
             yield {"id": cid, "object": "text_completion", "created": created, "model": opts.model, "choices": [],
-                   "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens)}
+                   "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)}

@@ -21,11 +21,8 @@ from gateway_svc.config import GatewayConfig
 from gateway_svc.mesh_view import MeshView
 from moemesh.errors import MeshError
 from moemesh.rpc.generation import GenerationClient
-from moemesh.rpc.server import run_service
+from moemesh.rpc.server import print_ready
 from moemesh.telemetry import ServiceMetrics
-
-READY = "moemesh gateway_svc: serving"
-
 
 def effective_api_key(cfg: GatewayConfig, env=os.environ) -> str:
     """--api-key (or MOEMESH_GATEWAY_API_KEY), else MOEMESH_API_KEY, else none."""
@@ -114,7 +111,7 @@ async def run(cfg: GatewayConfig, stop: asyncio.Event) -> None:
     server, port = await create_server(cfg)
     await server.start()
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    print(f"{READY} {host}:{port}", flush=True)
+    print_ready("gateway", f"{host}:{port}")
     stopping = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({stopping, server.task}, return_when=asyncio.FIRST_COMPLETED)
@@ -124,8 +121,3 @@ async def run(cfg: GatewayConfig, stop: asyncio.Event) -> None:
     finally:
         stopping.cancel()
         await server.shutdown()
-
-
-def serve(cfg: GatewayConfig) -> None:
-    """Run the gateway until SIGTERM/SIGINT."""
-    run_service(lambda stop: run(cfg, stop))

@@ -22,6 +22,7 @@ class OutputAssembler:
         self.completion_tokens = 0
         self.prompt_logprobs: tuple[float | None, ...] = ()
         self.stop_string = ""
+        self.cached_tokens = 0
 
     @property
     def stopped(self) -> bool:
@@ -32,6 +33,8 @@ class OutputAssembler:
         """The delta for `update` (None if it carries nothing to send)."""
         if update.prompt_logprobs:
             self.prompt_logprobs = update.prompt_logprobs
+        if update.cached_tokens is not None:
+            self.cached_tokens = update.cached_tokens
         if self.stopped or not update.token_ids:
             return None
         first = self.completion_tokens == 0
@@ -51,6 +54,7 @@ class OutputAssembler:
             top_logprobs=tuple(tuple(TokenLogprob(t, self._text(t), lp) for t, lp in top) for top in update.top_logprobs),
             prompt_tokens=len(self.prompt_token_ids) if first else None,
             completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens if first else 0,
         )
 
     def _text(self, token_id: int) -> str:
@@ -74,4 +78,5 @@ class OutputAssembler:
             completion_tokens=self.completion_tokens,
             prompt_logprobs=self.prompt_logprobs,
             stop_string=self.stop_string,
+            cached_tokens=self.cached_tokens,
         )

@@ -11,8 +11,11 @@ import math
 import uuid
 from dataclasses import replace
 
-from router_svc.errors import RequestError, invalid, out_of_range
-from router_svc.types import ChatTurn, GenerationInput, ModelInfo, SamplingSpec, SequenceSpec, ToolSpec
+import grpc
+
+from moemesh.contracts.info import ModelInfo
+from moemesh.errors import MeshError, invalid, out_of_range
+from router_svc.types import ChatTurn, GenerationInput, SamplingSpec, SequenceSpec, ToolSpec
 
 MAX_REQUEST_ID_LEN = 256
 MAX_STOP_STRINGS = 64
@@ -25,7 +28,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 
 
 class RequestPreparer:
-    """`prepare(GenerationInput) -> SequenceSpec`, raising `RequestError` on bad input.
+    """`prepare(GenerationInput) -> SequenceSpec`, raising `MeshError` on bad input.
 
     `tokenizer` may be None (a model directory without tokenizer.json): then only token ids work.
     """
@@ -62,7 +65,7 @@ class RequestPreparer:
 
     def _check_model(self, model: str) -> None:
         if model and model != self.info.name:
-            raise RequestError("NOT_FOUND", f"model: unknown model {model!r} (this mesh serves {self.info.name!r})")
+            raise MeshError(grpc.StatusCode.NOT_FOUND, f"model: unknown model {model!r} (this mesh serves {self.info.name!r})")
 
     def _request_id(self, request_id: str) -> str:
         if len(request_id) > MAX_REQUEST_ID_LEN:
@@ -115,7 +118,7 @@ class RequestPreparer:
             extra["tools"] = [_tool_dict(i, t) for i, t in enumerate(tools)]
         tok = self._require_tokenizer("messages")
         if not tok.has_chat_template:
-            raise RequestError("FAILED_PRECONDITION", "messages: this model has no chat template; send prompt instead")
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "messages: this model has no chat template; send prompt instead")
         try:
             text = tok.apply_chat_template(rendered, add_generation_prompt=not continue_final, **extra)
         except Exception as exc:  # a template may raise on roles or content it does not support
@@ -126,7 +129,7 @@ class RequestPreparer:
 
     def _require_tokenizer(self, field: str):
         if self.tokenizer is None:
-            raise RequestError("FAILED_PRECONDITION", f"{field}: this model has no tokenizer; send prompt_token_ids")
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, f"{field}: this model has no tokenizer; send prompt_token_ids")
         return self.tokenizer
 
     def _check_token_ids(self, field: str, ids: tuple[int, ...]) -> None:

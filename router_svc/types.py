@@ -84,36 +84,7 @@ class SequenceUpdate:
     finish_reason: str = ""
     prompt_logprobs: tuple[float | None, ...] = ()
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token: (id, logprob), most likely first
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    waiting: int = 0
-    running: int = 0
-    free_blocks: int = 0
-    total_blocks: int = 0
-    serving: bool = True
-    accepted: int = 0
-
-    @property
-    def sequences(self) -> int:
-        return self.waiting + self.running
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the served model accepts; the router validates requests against it."""
-
-    name: str
-    architecture: str
-    vocab_size: int
-    max_context: int
-    max_new_tokens_limit: int
-    eos_token_ids: tuple[int, ...] = ()
-    has_chat_template: bool = False
-    num_experts: int = 0
-    experts_per_token: int = 0
-    num_layers: int = 0
+    cached_tokens: int | None = None  # on the first update: prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -136,6 +107,7 @@ class Delta:
     top_logprobs: tuple[tuple[TokenLogprob, ...], ...] = ()
     prompt_tokens: int | None = None
     completion_tokens: int = 0  # tokens generated so far, this delta's included
+    cached_tokens: int = 0  # with prompt_tokens: those served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -147,3 +119,4 @@ class Finished:
     completion_tokens: int
     prompt_logprobs: tuple[float | None, ...] = ()
     stop_string: str = ""  # the stop string that ended the stream, if one did
+    cached_tokens: int = 0

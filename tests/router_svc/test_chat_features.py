@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
-from router_svc.errors import RequestError
+from moemesh.contracts.info import ModelInfo
+from moemesh.errors import MeshError
 from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
-from router_svc.types import ChatTurn, GenerationInput, ModelInfo, SamplingSpec, SequenceUpdate, ToolCallSpec, ToolSpec
+from router_svc.types import ChatTurn, GenerationInput, SamplingSpec, SequenceUpdate, ToolCallSpec, ToolSpec
 from tests.fixtures.tokenizers import make_tiny_tokenizer
 
 # A Hermes/Qwen-style template: tools in the system turn, tool calls as <tool_call> JSON, tool results
@@ -93,15 +95,16 @@ def test_continue_final_message(prep, tok):
     ("top_logprobs", {"prompt": "x", "sampling": SamplingSpec(top_logprobs=21)}),
 ])
 def test_bad_chat_input_names_the_field(prep, field, kw):
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(MeshError) as e:
         prep.prepare(GenerationInput(**kw))
-    assert e.value.code == "INVALID_ARGUMENT" and e.value.message.startswith(field + ":"), e.value.message
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.message.startswith(field + ":"), e.value.message
 
 
 def test_count_matches_prepare_and_ignores_the_context_limit(prep, tok):
     inp = GenerationInput(messages=(ChatTurn("user", "Hello there"),), tools=(WEATHER,))
     assert prep.count(inp) == len(prep.prepare(inp).prompt_token_ids)
-    small = RequestPreparer(ModelInfo("tiny", "MixtralForCausalLM", 512, 8, 4, (2,), True), tok)
+    small = RequestPreparer(ModelInfo(name="tiny", architecture="MixtralForCausalLM", vocab_size=512, max_context=8, max_new_tokens_limit=4,
+                                     eos_token_ids=(2,), has_chat_template=True), tok)
     assert small.count(inp) > 8  # counted, though prepare would refuse it
 
 
