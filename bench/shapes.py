@@ -71,7 +71,9 @@ FAMILIES = {
 
 @dataclass(frozen=True)
 class Shape:
-    """Proportions of a random MoE checkpoint; every layer is a MoE layer."""
+    """Proportions of a random MoE checkpoint; every layer is a MoE layer. A variant is
+    `replace(SHAPE, ...)` under a new name in SHAPES; `tensor` is the one place weights are drawn (a
+    router that favours some experts is a field read there), and every field is in the cache stamp."""
 
     architecture: str
     hidden_size: int

@@ -54,8 +54,10 @@ class StepBytes:
 
 
 def mb(n: float) -> str:
-    """Bytes as MB with three significant digits."""
-    return f"{n / 1e6:.3g} MB"
+    """Bytes in GB, MB or kB, whichever reads best."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
 
 
 def expert_bytes(model_dir: str | Path, dtype: torch.dtype, experts_dtype: str | None) -> int:
