@@ -72,7 +72,7 @@ class BenchConfig:
     pack_experts: bool | None
 
 
-def csv(value: str, choices, flag: str) -> tuple[str, ...]:
+def comma_list(value: str, choices, flag: str) -> tuple[str, ...]:
     items = tuple(v.strip() for v in value.split(",") if v.strip())
     for v in items:
         if v not in choices:
@@ -84,8 +84,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=tuple(SHAPES), default="demo", help="named checkpoint (bench/shapes.py)")
     ap.add_argument("--model", default=None, help="a checkpoint directory instead of --shape")
-    ap.add_argument("--dtypes", type=lambda v: csv(v, DTYPES, "--dtypes"), default=tuple(DTYPES))
-    ap.add_argument("--experts-dtypes", type=lambda v: csv(v, EXPERT_FORMATS, "--experts-dtypes"), default=EXPERT_FORMATS,
+    ap.add_argument("--dtypes", type=lambda v: comma_list(v, DTYPES, "--dtypes"), default=tuple(DTYPES))
+    ap.add_argument("--experts-dtypes", type=lambda v: comma_list(v, EXPERT_FORMATS, "--experts-dtypes"), default=EXPERT_FORMATS,
                     help="expert formats to compare side by side ('' = none)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)

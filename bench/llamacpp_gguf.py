@@ -111,16 +111,26 @@ def convert(model_dir: Path, out: Path, converter: Path, threads: int) -> None:
         raise RuntimeError(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-4000:]}")
 
 
-def quantize(src: Path, out: Path, kind: str, threads: int) -> None:
-    """`llama_model_quantize` of the bf16 GGUF `src` into `out` as `kind` (see QUANT_TYPES)."""
-    import llama_cpp
+QUANTIZE = """
+import sys
+import llama_cpp
 
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.nthread = threads
-    params.ftype = getattr(llama_cpp, QUANT_TYPES[kind])
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize to {kind} failed with {rc}")
+src, out, ftype, threads = sys.argv[1:]
+params = llama_cpp.llama_model_quantize_default_params()
+params.nthread = int(threads)
+params.ftype = getattr(llama_cpp, ftype)
+sys.exit(llama_cpp.llama_model_quantize(src.encode(), out.encode(), params))
+"""
+
+
+def quantize(src: Path, out: Path, kind: str, threads: int) -> None:
+    """`llama_model_quantize` of the bf16 GGUF `src` into `out` as `kind` (see QUANT_TYPES), in a
+    subprocess: its per-tensor log stays out of the bench's output, and a quantizer that aborts on a
+    type it cannot make is an error here, not the end of the bench."""
+    cmd = [sys.executable, "-c", QUANTIZE, str(src), str(out), QUANT_TYPES[kind], str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama_model_quantize to {kind} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
 
 
 def gguf_file(model_dir: Path, kind: str, threads: int, sdist: Path | None = None,

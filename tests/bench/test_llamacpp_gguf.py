@@ -71,12 +71,25 @@ def test_missing_llama_cpp_is_reported(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python (bench extra) not installed")
 def test_engine_vs_llamacpp_end_to_end_on_a_tiny_checkpoint(tiny_shape_dir, tmp_path, monkeypatch, capsys):
-    from bench import engine_vs_llamacpp
+    import shutil
 
+    from bench import engine_vs_llamacpp
+    from bench.shapes import bench_home
+
+    converter = bench_home() / f"llama.cpp-{llamacpp_gguf.installed_version()}"
     monkeypatch.setenv("MOEMESH_HOME", str(tmp_path / "home"))
+    if converter.is_dir():  # extracted by an earlier run: no second download of the source package
+        shutil.copytree(converter, bench_home() / converter.name)
     path = tiny_shape_dir("qwen3-sparse-tiny")
     assert engine_vs_llamacpp.main(["--model", str(path), "--new-tokens", "3", "--repeats", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "bf16 " in out and "4-bit" in out and "moemesh/llama.cpp" in out
     ggufs = sorted(p.name for p in (tmp_path / "home" / "bench" / "gguf").glob("*.gguf"))
     assert len(ggufs) == 2 and ggufs[0].endswith("-bf16.gguf")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python (bench extra) not installed")
+def test_a_failing_quantization_is_an_error_with_llama_cpp_s_words(tmp_path):
+    with pytest.raises(RuntimeError, match="(?s)q4_0 failed.*failed to"):
+        llamacpp_gguf.quantize(tmp_path / "missing.gguf", tmp_path / "out.gguf", "q4_0", 1)
+    assert not (tmp_path / "out.gguf").exists()
