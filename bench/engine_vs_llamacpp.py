@@ -111,7 +111,7 @@ def measure_row(model_dir: Path, gguf: Path, experts_dtype: str | None, prompt: 
     from bench.engine_worker import EngineProcess
     from moemesh.engine import EngineConfig
 
-    n_ctx = len(prompt) + a.new_tokens + 16
+    n_ctx = len(prompt) + max(a.new_tokens, WARMUP_TOKENS) + 32
     start = time.perf_counter()
     llm = Llama(str(gguf), n_ctx=n_ctx, n_batch=max(len(prompt), 32), n_threads=a.threads, n_threads_batch=a.threads,
                 verbose=False)

@@ -187,10 +187,10 @@ def print_memory(run: EngineRun, ckpt: int) -> None:
 def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: float) -> None:
     import transformers as tf
 
-    from moemesh.config import ModelConfig
+    from moemesh.models.registry import load_model_config
 
     dtype = DTYPES[dtype_name]
-    mcfg = ModelConfig.from_model_dir(model_dir)
+    mcfg = load_model_config(model_dir)
     ckpt = checkpoint_bytes(model_dir)
     one = prompts(1, cfg.prompt_len, mcfg.vocab_size)
     many = prompts(cfg.concurrent, cfg.prompt_len, mcfg.vocab_size)

@@ -79,7 +79,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
 
-    from moemesh.config import ModelConfig
     from moemesh.engine import EngineConfig, LLMEngine
     from moemesh.launcher.mesh import Mesh, MeshSpec
     from router_svc.loadgen import Workload, plot, run_engine, run_grpc

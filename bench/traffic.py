@@ -66,7 +66,9 @@ def expert_bytes(model_dir: str | Path, dtype: torch.dtype, experts_dtype: str |
     from moemesh.checkpoint import CheckpointReader
     from moemesh.moe.expert_loader import load_expert_weights
 
-    cfg = ModelConfig.from_model_dir(model_dir)
+    from moemesh.models.registry import load_model_config
+
+    cfg = load_model_config(model_dir)
     if not cfg.moe_layers:
         raise ValueError(f"{model_dir} has no MoE layer")
     w = load_expert_weights(CheckpointReader(model_dir), cfg, cfg.moe_layers[0], [0], dtype, experts_dtype)

@@ -11,7 +11,7 @@ import torch
 from bench.shapes import (
     DEMO, QWEN3_SPARSE, SHAPES, STAMP, Shape, checkpoint_bytes, ensure_checkpoint, is_current, write_tokenizer,
 )
-from moemesh.config import ModelConfig
+from moemesh.models.registry import parse_model_config
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
 from tests.bench.conftest import TINY_SHAPES
 from tests.moemesh.reference import hf_greedy, hf_prompt_logprobs
@@ -21,7 +21,7 @@ NEW_TOKENS = 16
 
 
 def test_qwen3_sparse_has_the_issue_proportions():
-    cfg = ModelConfig.from_dicts(QWEN3_SPARSE.config_json(1, 2))
+    cfg = parse_model_config(QWEN3_SPARSE.config_json(1, 2))
     assert cfg.architecture == "Qwen3MoeForCausalLM"
     assert (cfg.hidden_size, cfg.num_layers, cfg.num_experts, cfg.moe_intermediate_size, cfg.top_k) == (1024, 16, 64, 384, 8)
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == (16, 4, 64, 49152)
@@ -41,9 +41,9 @@ def test_demo_shape_is_the_demo_model_shape():
     from moemesh.demo_model.locate import find_demo_gguf
 
     src = GgufLlama(find_demo_gguf())
-    demo = ModelConfig.from_dicts(mixtral_config_from_llama(llama_config(src.hparams, GgufTokenizerSpec.from_fields(src.field), "float32"),
+    demo = parse_model_config(mixtral_config_from_llama(llama_config(src.hparams, GgufTokenizerSpec.from_fields(src.field), "float32"),
                                                             DEMO_NUM_EXPERTS))
-    ours = ModelConfig.from_dicts(DEMO.config_json(1, 2))
+    ours = parse_model_config(DEMO.config_json(1, 2))
     for name in ("architecture", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "num_experts",
                  "top_k", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "torch_dtype"):
         assert getattr(ours, name) == getattr(demo, name), name
@@ -53,7 +53,7 @@ def test_demo_shape_is_the_demo_model_shape():
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_every_named_shape_is_read_by_the_engine_config(name):
     shape = SHAPES[name]
-    cfg = ModelConfig.from_dicts(shape.config_json(1, 2))
+    cfg = parse_model_config(shape.config_json(1, 2))
     assert (cfg.num_experts, cfg.top_k, cfg.num_layers, cfg.hidden_size) == (shape.num_experts, shape.top_k, shape.num_layers, shape.hidden_size)
 
 

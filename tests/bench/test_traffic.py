@@ -6,7 +6,7 @@ import torch
 
 from bench.traffic import expected_distinct_experts, expert_bytes, step_bytes
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
+from moemesh.models.registry import load_model_config
 
 
 def test_expected_distinct_experts():
@@ -24,7 +24,7 @@ def test_step_bytes_add_up_to_the_checkpoint_tensors(tiny_shape_dir):
     """bf16 compute on the bf16 tiny checkpoint: attention and LM head are exactly those tensors'
     bytes; at batch 1 the experts are top-k experts' bytes per layer."""
     path = tiny_shape_dir("qwen3-sparse-tiny")
-    cfg, reader = ModelConfig.from_model_dir(path), CheckpointReader(path)
+    cfg, reader = load_model_config(path), CheckpointReader(path)
 
     def nbytes(pred) -> int:
         return sum(reader.get(k).nbytes for k in reader.keys() if pred(k))
@@ -46,7 +46,7 @@ def test_step_bytes_add_up_to_the_checkpoint_tensors(tiny_shape_dir):
 
 def test_expert_bytes_follow_the_served_format(tiny_shape_dir):
     path = tiny_shape_dir("qwen3-sparse-tiny")
-    cfg = ModelConfig.from_model_dir(path)
+    cfg = load_model_config(path)
     weights = 3 * cfg.hidden_size * cfg.moe_intermediate_size
     assert expert_bytes(path, torch.bfloat16, "bf16") == 2 * weights
     assert expert_bytes(path, torch.float32, None) == 4 * weights
