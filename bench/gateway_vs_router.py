@@ -1,4 +1,4 @@
-"""HTTP gateway vs the router's gRPC on the same mesh (demo model): `--concurrency` streams of the same
+"""HTTP gateway vs the router's gRPC on the same mesh: `--concurrency` streams of the same
 workload (random prompt ids, greedy, exactly `--output-len` tokens each) sent once through the
 gateway's `/v1/completions` (SSE, `httpx`) and once straight to the router's `Generate` (grpc.aio),
 alternating which goes first, `--rounds` times. Prints tokens/s and TTFT p50/p99 of each run, the
@@ -9,7 +9,11 @@ The gateway's time to first token is taken at the first SSE chunk carrying text 
 text is held back as an incomplete UTF-8 character counts at the next chunk); its token count comes
 from the final usage chunk. Both clients run in this process, so their own costs are in the figures.
 
-    python bench/gateway_vs_router.py [--num-requests 64] [--output-len 64] [--rounds 3] [--json]
+    python bench/gateway_vs_router.py [--shape demo|qwen3-sparse] [--model DIR] [--num-requests 64]
+        [--output-len 64] [--rounds 3] [--json]
+
+Checkpoints come from bench/shapes.py (`demo`: the demo model, built if absent); `--model DIR`
+takes any checkpoint.
 """
 from __future__ import annotations
 
@@ -19,6 +23,13 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
+
+if __name__ == "__main__":  # as a script: the repository root instead of bench/ on sys.path
+    _root = Path(__file__).resolve().parent.parent
+    sys.path[:] = [str(_root)] + [p for p in sys.path if Path(p or ".").resolve() != _root / "bench"]
+
+from bench.shapes import SHAPES, checkpoint_dir
 
 TARGET_RATIO = 0.95
 TARGET_ADDED_TTFT_MS = 5.0
@@ -73,9 +84,10 @@ async def run_http(address: str, work, name: str = "gateway"):
     return BenchResult(name, wall, timings)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="model directory (default: the demo model, built if absent)")
+    p.add_argument("--shape", choices=tuple(SHAPES), default="demo", help="named checkpoint (bench/shapes.py)")
+    p.add_argument("--model", default=None, help="a checkpoint directory instead of --shape")
     p.add_argument("--expert-servers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--num-requests", type=int, default=64)
@@ -85,17 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-requests", type=int, default=16, help="untimed requests through each path first; 0 = none")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
-    if ns.rounds < 1 or ns.warmup_requests < 0:
-        p.error(f"--rounds must be >= 1 and --warmup-requests >= 0, got {ns.rounds} and {ns.warmup_requests}")
+    if ns.rounds < 1 or ns.warmup_requests < 0 or ns.expert_servers < 1:
+        p.error(f"need --rounds >= 1, --warmup-requests >= 0 and --expert-servers >= 1, got "
+                f"{ns.rounds}, {ns.warmup_requests} and {ns.expert_servers}")
+    return ns
 
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
     from moemesh.launcher.mesh import Mesh, MeshSpec
     from router_svc.loadgen import Workload, run_grpc
 
-    model = ns.model
-    if model is None:
-        from moemesh.demo_model import ensure_demo_model
-
-        model = str(ensure_demo_model())
+    model = ns.model or str(checkpoint_dir(ns.shape, progress=lambda msg: print(msg, file=sys.stderr)))
     work = Workload(num_requests=ns.num_requests, concurrency=ns.concurrency, prompt_len=ns.prompt_len, output_len=ns.output_len)
     mesh = Mesh(MeshSpec(model_dir=model, expert_servers=ns.expert_servers, http_port=0))
     rounds = []
