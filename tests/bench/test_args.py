@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import engine_vs_llamacpp, engine_vs_transformers, mesh_vs_engine
+from bench import engine_vs_llamacpp, engine_vs_transformers, gateway_vs_router, mesh_vs_engine
 
 
 def test_engine_vs_transformers_defaults_and_lists():
@@ -64,3 +64,12 @@ def test_engine_vs_llamacpp_args(tmp_path, capsys):
         with pytest.raises(SystemExit):
             engine_vs_llamacpp.parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+def test_gateway_vs_router_defaults_and_rejects(capsys):
+    ns = gateway_vs_router.parse_args([])
+    assert (ns.shape, ns.model, ns.concurrency, ns.rounds, ns.expert_servers) == ("demo", None, 16, 3, 2)
+    assert gateway_vs_router.parse_args(["--shape", "qwen3-sparse", "--rounds", "1"]).shape == "qwen3-sparse"
+    with pytest.raises(SystemExit) as e:
+        gateway_vs_router.parse_args(["--rounds", "0"])
+    assert e.value.code == 2 and "--rounds >= 1" in capsys.readouterr().err
