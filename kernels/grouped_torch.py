@@ -31,10 +31,10 @@ def _matmul_grouped(x: Tensor, w_t: Tensor, counts: list[int]) -> Tensor:
     """x [n, K], w_t [g, K, M] (transposed weights), counts [g] summing to n -> [n, M].
 
     Every expert with the same row count (c > 0): one bmm; otherwise one grouped matmul with row
-    offsets (float32/bfloat16), or a loop over experts for other dtypes."""
+    offsets (float32/bfloat16 with 16-byte aligned strides), or a loop over experts otherwise."""
     if counts and counts[0] > 0 and all(c == counts[0] for c in counts):
         return torch.bmm(x.view(len(counts), counts[0], -1), w_t).reshape(x.shape[0], -1)
-    if x.dtype in GROUPED_MM_DTYPES and w_t.dtype == x.dtype:
+    if x.dtype in GROUPED_MM_DTYPES and w_t.dtype == x.dtype and _aligned16(x) and _aligned16(w_t):
         offs = torch.tensor(counts, dtype=torch.int32, device=x.device).cumsum(0, dtype=torch.int32)
         return torch._grouped_mm(x, w_t, offs=offs)
     out = x.new_empty(x.shape[0], w_t.shape[-1])
@@ -44,6 +44,12 @@ def _matmul_grouped(x: Tensor, w_t: Tensor, counts: list[int]) -> Tensor:
             out[start : start + n] = x[start : start + n] @ w_t[j]
             start += n
     return out
+
+
+def _aligned16(t: Tensor) -> bool:
+    """torch._grouped_mm needs 16-byte aligned data and non-unit strides (odd sizes fall back to the loop)."""
+    size = t.element_size()
+    return t.data_ptr() % 16 == 0 and all(s == 1 or (s * size) % 16 == 0 for s in t.stride())
 
 
 def _row_bias(bias: Tensor | None, experts: Tensor, counts: list[int], dtype: torch.dtype) -> Tensor | None:

@@ -1,0 +1,289 @@
+// The expert GEMM kernels, written once over a SIMD traits struct `V` and compiled once per
+// instruction set: isa_avx512.cpp and isa_avx2.cpp define `V` inside
+// moemesh_cpu::<MOEMESH_ISA>::{anonymous} under their target pragma, then include this file.
+// Everything here has internal linkage, so no code compiled for one instruction set can be picked
+// by the linker for another unit.
+//
+// Shape legend: M rows of activations (tokens of one expert), K reduction dim, N weight rows
+// (output columns), CH = 32 elements per chunk, W lanes per vector, VPC = CH / W vectors per chunk,
+// NR weight rows and MR activation rows per register tile.
+//
+// A weight row is read in chunks of 32 elements straight from its stored bytes: a decoder turns one
+// chunk (with its block scales) into VPC float32 vectors, exactly the values `dequantize` gives in
+// float32, which meet the activations in fused multiply-adds with float32 accumulators. The packed
+// E2M1 formats decode the low and high nibbles of the same bytes into separate vectors (even and
+// odd elements); the activations are laid out to match (api.h: prepare_row). Up to MR rows run
+// straight on the decoded registers; more rows first decode an NR-row tile into a cache-resident
+// float32 buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
+#include <cstdlib>
+#include <cstring>
+
+namespace moemesh_cpu {
+namespace MOEMESH_ISA {
+namespace {
+
+constexpr int CH = 32;
+using F = V::F;
+constexpr int W = V::W;
+constexpr int VPC = CH / W;
+constexpr int NR = V::NR;
+
+float bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// E8M0 byte -> 2^(s-127) (s == 0 is the subnormal 2^-127).
+float e8m0_to_float(uint8_t s) { return bits_to_float(s == 0 ? 0x00400000u : uint32_t(s) << 23); }
+
+// float8_e4m3fn byte -> float32 (the NaN code is rejected by the loaders).
+float e4m3_to_float(uint8_t b) {
+  const uint32_t ex = (b >> 3) & 15, man = b & 7;
+  float v = ex == 0 ? float(man) * 0.001953125f : bits_to_float(((ex + 120) << 23) | (man << 20));
+  return (b & 0x80) ? -v : v;
+}
+
+// One weight row: its bytes, its scale bytes (per format), its per-tensor scale (nvfp4).
+struct Row {
+  const uint8_t* d;
+  const uint8_t* s;
+  float s2;
+};
+
+// Decoders. at(row, c, p, valid, out): chunk c of `row`, whose bytes start at p (the stored bytes,
+// or a zero-padded copy for the last partial chunk), `valid` elements of it real -> out[VPC].
+struct DecF32 {
+  static constexpr int CB = CH * 4;  // bytes per chunk
+  const uint8_t* base;
+  int64_t stride;  // bytes per row
+  Row row(int64_t n) const { return {base + n * stride, nullptr, 0.f}; }
+  void at(const Row&, int64_t, const uint8_t* p, int, F* out) const {
+    const float* f = reinterpret_cast<const float*>(p);
+    for (int v = 0; v < VPC; ++v) out[v] = V::load(f + v * W);
+  }
+};
+
+struct DecBF16 {
+  static constexpr int CB = CH * 2;
+  const uint8_t* base;
+  int64_t stride;
+  Row row(int64_t n) const { return {base + n * stride, nullptr, 0.f}; }
+  void at(const Row&, int64_t, const uint8_t* p, int, F* out) const {
+    V::bf16_chunk(reinterpret_cast<const uint16_t*>(p), out);
+  }
+};
+
+struct DecFP8 {
+  static constexpr int CB = CH;
+  const uint8_t* base;
+  int64_t stride;
+  const float* scale;  // this expert's [NB, KB]
+  int64_t ss_r, seg_rows, per_seg, qbn, qbk;
+  Row row(int64_t n) const {
+    const int64_t srow = (n / seg_rows) * per_seg + (n % seg_rows) / qbn;
+    return {base + n * stride, reinterpret_cast<const uint8_t*>(scale + srow * ss_r), 0.f};
+  }
+  void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const {
+    const float s = reinterpret_cast<const float*>(r.s)[(c * CH) / qbk];
+    V::fp8_chunk(p, s, out);
+  }
+};
+
+struct DecMXFP4 {
+  static constexpr int CB = CH / 2;
+  const uint8_t* base;
+  int64_t stride;
+  const uint8_t* scale;  // this expert's [N, KB]
+  int64_t ss_r;
+  Row row(int64_t n) const { return {base + n * stride, scale + n * ss_r, 0.f}; }
+  void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const {
+    V::e2m1_chunk(p, e8m0_to_float(r.s[c]), e8m0_to_float(r.s[c]), out);
+  }
+};
+
+struct DecNVFP4 {
+  static constexpr int CB = CH / 2;
+  const uint8_t* base;
+  int64_t stride;
+  const uint8_t* scale;  // this expert's [N, KP/16]
+  int64_t ss_r;
+  const float* scale2;  // this expert's [S]
+  int64_t seg_rows;
+  Row row(int64_t n) const { return {base + n * stride, scale + n * ss_r, scale2[n / seg_rows]}; }
+  void at(const Row& r, int64_t c, const uint8_t* p, int valid, F* out) const {
+    const float a = e4m3_to_float(r.s[2 * c]) * r.s2;
+    const float b = valid > CH / 2 ? e4m3_to_float(r.s[2 * c + 1]) * r.s2 : 0.f;
+    V::e2m1_chunk(p, a, b, out);
+  }
+};
+
+// Decode chunk c of every tile row into w[NR][VPC]; the last partial chunk goes through a zeroed copy.
+template <class D>
+inline void decode_tile(const D& d, const Row* rows, int64_t c, int valid, F (*w)[VPC]) {
+  if (valid == CH) {
+    for (int j = 0; j < NR; ++j) d.at(rows[j], c, rows[j].d + c * D::CB, CH, w[j]);
+    return;
+  }
+  alignas(64) uint8_t buf[D::CB];
+  const int nbytes = int((int64_t(valid) * D::CB + CH - 1) / CH);
+  for (int j = 0; j < NR; ++j) {
+    std::memset(buf, 0, sizeof(buf));
+    std::memcpy(buf, rows[j].d + c * D::CB, nbytes);
+    d.at(rows[j], c, buf, valid, w[j]);
+  }
+}
+
+// out[m * ldo + j] = sum_k x[m * ldx + k] * row_j[k] for m < MR, j < nvalid.
+template <class D, int MR>
+void micro(const D& d, const Row* rows, int nvalid, const float* x, int64_t ldx, int64_t k, float* out, int64_t ldo) {
+  F acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+  const int64_t chunks = (k + CH - 1) / CH;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int valid = int(k - c * CH < CH ? k - c * CH : CH);
+    F w[NR][VPC];
+    decode_tile(d, rows, c, valid, w);
+    for (int v = 0; v < VPC; ++v) {
+      for (int m = 0; m < MR; ++m) {
+        const F xv = V::load(x + m * ldx + c * CH + v * W);
+        for (int j = 0; j < NR; ++j) acc[m][j] = V::fma(xv, w[j][v], acc[m][j]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = V::hsum(acc[m][j]);
+}
+
+template <class D, int MR = V::MR>
+void micro_rows(const D& d, const Row* rows, int nvalid, const float* x, int64_t ldx, int64_t k, float* out,
+                int64_t ldo, int64_t mr) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return micro_rows<D, MR - 1>(d, rows, nvalid, x, ldx, k, out, ldo, mr);
+  }
+  micro<D, MR>(d, rows, nvalid, x, ldx, k, out, ldo);
+}
+
+template <class D>
+void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx, int64_t k, float* out,
+                int64_t ldo, bool dense_f32) {
+  const int64_t kp = padded_k(k);
+  const bool buffered = M > V::MR && !dense_f32;
+  float* buf = buffered ? static_cast<float*>(std::aligned_alloc(64, sizeof(float) * NR * kp)) : nullptr;
+  for (int64_t n = n0; n < n1; n += NR) {
+    const int nvalid = int(n1 - n < NR ? n1 - n : NR);
+    Row rows[NR];
+    for (int j = 0; j < NR; ++j) rows[j] = d.row(n + (j < nvalid ? j : nvalid - 1));
+    float* o = out + (n - n0);
+    if (!buffered) {
+      for (int64_t m = 0; m < M; m += V::MR)
+        micro_rows(d, rows, nvalid, x + m * ldx, ldx, k, o + m * ldo, ldo, M - m < V::MR ? M - m : V::MR);
+      continue;
+    }
+    for (int64_t c = 0; c < kp / CH; ++c) {  // decode the tile once: NR rows x kp floats
+      const int valid = int(k - c * CH <= 0 ? 0 : (k - c * CH < CH ? k - c * CH : CH));
+      F w[NR][VPC];
+      if (valid == 0) {
+        for (int j = 0; j < NR; ++j)
+          for (int v = 0; v < VPC; ++v) w[j][v] = V::zero();
+      } else {
+        decode_tile(d, rows, c, valid, w);
+      }
+      for (int j = 0; j < NR; ++j)
+        for (int v = 0; v < VPC; ++v) V::store(buf + j * kp + c * CH + v * W, w[j][v]);
+    }
+    const DecF32 f{reinterpret_cast<const uint8_t*>(buf), int64_t(sizeof(float)) * kp};
+    Row brows[NR];
+    for (int j = 0; j < NR; ++j) brows[j] = f.row(j);
+    for (int64_t m = 0; m < M; m += V::MR)
+      micro_rows(f, brows, nvalid, x + m * ldx, ldx, kp, o + m * ldo, ldo, M - m < V::MR ? M - m : V::MR);
+  }
+  std::free(buf);
+}
+
+// exp(x) for the activations: Cephes' single-precision polynomial on x - n ln2, times 2^n
+// (relative error about 2 ulp); the argument is clamped to [-87, 88] so 2^n stays a normal float.
+F vexp(F x) {
+  x = V::min(V::max(x, V::set1(-87.0f)), V::set1(88.0f));
+  const F n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+  F r = V::fma(n, V::set1(-0.693359375f), x);
+  r = V::fma(n, V::set1(2.12194440e-4f), r);
+  F p = V::set1(1.9875691500e-4f);
+  p = V::fma(p, r, V::set1(1.3981999507e-3f));
+  p = V::fma(p, r, V::set1(8.3334519073e-3f));
+  p = V::fma(p, r, V::set1(4.1665795894e-2f));
+  p = V::fma(p, r, V::set1(1.6666665459e-1f));
+  p = V::fma(p, r, V::set1(5.0000001201e-1f));
+  p = V::fma(V::mul(p, r), r, V::add(r, V::set1(1.0f)));
+  return V::mul(p, V::pow2n(n));
+}
+
+F act_vec(int act, F g, F u) {
+  const F one = V::set1(1.0f);
+  if (act == ACT_SILU) return V::mul(V::div(g, V::add(one, vexp(V::sub(V::zero(), g)))), u);
+  g = V::min(g, V::set1(7.0f));
+  u = V::min(V::max(u, V::set1(-7.0f)), V::set1(7.0f));
+  const F sig = V::div(one, V::add(one, vexp(V::mul(g, V::set1(-1.702f)))));
+  return V::mul(V::mul(V::add(u, one), g), sig);
+}
+
+}  // namespace
+
+void matmul(const Weights& w, int64_t e, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx, float* out,
+            int64_t ldo) {
+  if (M <= 0 || n1 <= n0) return;
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  switch (w.fmt) {
+    case FMT_F32: {
+      const DecF32 d{data + e * w.sd_e * 4, w.sd_n * 4};
+      return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, true);
+    }
+    case FMT_BF16: {
+      const DecBF16 d{data + e * w.sd_e * 2, w.sd_n * 2};
+      return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, false);
+    }
+    case FMT_FP8: {
+      const DecFP8 d{data + e * w.sd_e, w.sd_n, static_cast<const float*>(w.scale) + e * w.ss_e, w.ss_r,
+                     w.seg_rows, w.per_seg, w.qbn, w.qbk};
+      return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, false);
+    }
+    case FMT_MXFP4: {
+      const DecMXFP4 d{data + e * w.sd_e, w.sd_n, static_cast<const uint8_t*>(w.scale) + e * w.ss_e, w.ss_r};
+      return matmul_fmt(d, n0, n1, x, M, ldx, padded_k(w.k), out, ldo, false);
+    }
+    case FMT_NVFP4: {
+      const DecNVFP4 d{data + e * w.sd_e, w.sd_n, static_cast<const uint8_t*>(w.scale) + e * w.ss_e, w.ss_r,
+                       w.scale2 + e * w.s2_e, w.seg_rows};
+      return matmul_fmt(d, n0, n1, x, M, ldx, (w.k + 15) / 16 * 16, out, ldo, false);
+    }
+  }
+}
+
+void activation(int act, const float* g, const float* u, float* h, int64_t count) {
+  int64_t i = 0;
+  for (; i + W <= count; i += W) V::store(h + i, act_vec(act, V::load(g + i), V::load(u + i)));
+  if (i < count) {
+    alignas(64) float gt[W] = {0}, ut[W] = {0}, ht[W];
+    std::memcpy(gt, g + i, (count - i) * 4);
+    std::memcpy(ut, u + i, (count - i) * 4);
+    V::store(ht, act_vec(act, V::load(gt), V::load(ut)));
+    std::memcpy(h + i, ht, (count - i) * 4);
+  }
+}
+
+void prepare_row(int fmt, const float* src, int64_t k, float* dst) {
+  const int64_t kp = padded_k(k);
+  std::memset(dst, 0, kp * sizeof(float));
+  if (fmt != FMT_MXFP4 && fmt != FMT_NVFP4) {
+    std::memcpy(dst, src, k * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < k; ++i) {  // element i = pair p (= i / 2), low or high nibble
+    const int64_t p = i / 2, group = p / W;
+    dst[group * 2 * W + (i & 1) * W + p % W] = src[i];
+  }
+}
+
+}  // namespace MOEMESH_ISA
+}  // namespace moemesh_cpu
