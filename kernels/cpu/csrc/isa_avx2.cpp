@@ -54,6 +54,23 @@ struct V {
     }
   }
 
+  // n e4m3 bytes -> n float32 times `mult` (the float16 trick, 8 at a time).
+  static void e4m3_to_float(const uint8_t* p, int64_t n, float mult, float* out) {
+    const F s = _mm256_set1_ps(mult * 256.0f);
+    for (int64_t i = 0; i < n; i += 8) {
+      alignas(16) uint8_t t[16] = {0};
+      alignas(32) float o[8];
+      const int64_t m = n - i < 8 ? n - i : 8;
+      __builtin_memcpy(t, p + i, m);
+      __m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(t)));
+      h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16(short(0xBFFF)));
+      _mm256_store_ps(o, _mm256_mul_ps(_mm256_cvtph_ps(h), s));
+      __builtin_memcpy(out + i, o, m * 4);
+    }
+  }
+
+  static void e2m1_chunk1(const uint8_t* p, float a, F* out) { e2m1_chunk(p, a, a, out); }
+
   // 16 bytes of E2M1 pairs -> [even, odd] of bytes 0-7 (scaled by a), [even, odd] of bytes 8-15
   // (scaled by b). vpermps reads the magnitude (low 3 bits) from an 8-entry table; bit 3 is the sign.
   static void e2m1_chunk(const uint8_t* p, float a, float b, F* out) {

@@ -52,6 +52,36 @@ struct V {
     }
   }
 
+  // n e4m3 bytes -> n float32 times `mult` (the same float16 trick).
+  static void e4m3_to_float(const uint8_t* p, int64_t n, float mult, float* out) {
+    const F s = _mm512_set1_ps(mult * 256.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+      alignas(16) uint8_t t[16] = {0};
+      const uint8_t* src = p + i;
+      if (n - i < 16) {
+        __builtin_memcpy(t, p + i, n - i);
+        src = t;
+      }
+      __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(short(0xBFFF)));
+      const F v = _mm512_mul_ps(_mm512_cvtph_ps(h), s);
+      if (n - i >= 16) {
+        _mm512_storeu_ps(out + i, v);
+      } else {
+        _mm512_mask_storeu_ps(out + i, __mmask16((1u << (n - i)) - 1), v);
+      }
+    }
+  }
+
+  // 16 bytes of E2M1 pairs, one scale -> even elements (low nibbles) and odd elements (high
+  // nibbles); vpermps reads the low 4 bits of each index from the 16 scaled values.
+  static void e2m1_chunk1(const uint8_t* p, float a, F* out) {
+    const F lut = _mm512_mul_ps(_mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f), _mm512_set1_ps(a));
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    out[0] = _mm512_permutexvar_ps(d, lut);
+    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut);
+  }
+
   // 16 bytes of E2M1 pairs -> even elements (low nibbles) and odd elements (high nibbles); bytes
   // 0-7 are scaled by `a`, bytes 8-15 by `b` (one table of the 16 scaled values for each, picked by
   // bit 4 of the vpermt2ps index).
@@ -60,8 +90,8 @@ struct V {
     const F la = _mm512_mul_ps(lut, _mm512_set1_ps(a)), lb = _mm512_mul_ps(lut, _mm512_set1_ps(b));
     const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     const __m512i upper = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
-    const __m512i lo = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)), upper);
-    const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(d, 4), upper);
+    const __m512i lo = _mm512_ternarylogic_epi32(d, _mm512_set1_epi32(15), upper, 0xEA);  // (d & 15) | upper
+    const __m512i hi = _mm512_srli_epi32(_mm512_or_si512(d, _mm512_slli_epi32(upper, 4)), 4);
     out[0] = _mm512_permutex2var_ps(la, lo, lb);
     out[1] = _mm512_permutex2var_ps(la, hi, lb);
   }

@@ -28,36 +28,24 @@ constexpr int W = V::W;
 constexpr int VPC = CH / W;
 constexpr int NR = V::NR;
 
-float bits_to_float(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// E8M0 byte -> 2^(s-127) (s == 0 is the subnormal 2^-127).
-float e8m0_to_float(uint8_t s) { return bits_to_float(s == 0 ? 0x00400000u : uint32_t(s) << 23); }
-
-// float8_e4m3fn byte -> float32 (the NaN code is rejected by the loaders).
-float e4m3_to_float(uint8_t b) {
-  const uint32_t ex = (b >> 3) & 15, man = b & 7;
-  float v = ex == 0 ? float(man) * 0.001953125f : bits_to_float(((ex + 120) << 23) | (man << 20));
-  return (b & 0x80) ? -v : v;
-}
-
-// One weight row: its bytes, its scale bytes (per format), its per-tensor scale (nvfp4).
+// One weight row: its bytes, its block scales (fp8: the row's float32 scales; mxfp4, nvfp4: the
+// finished float32 multipliers that `scales` wrote into the tile's scratch).
 struct Row {
   const uint8_t* d;
-  const uint8_t* s;
-  float s2;
+  const float* s;
 };
 
-// Decoders. at(row, c, p, valid, out): chunk c of `row`, whose bytes start at p (the stored bytes,
-// or a zero-padded copy for the last partial chunk), `valid` elements of it real -> out[VPC].
+// Decoders: row(n) -> Row (block scales not yet filled); scales(n, out) writes the finished block
+// multipliers of row n (where the format needs it: `SCALES` floats per row); at(row, c, p, valid,
+// out): chunk c of `row`, whose bytes start at p (the stored bytes, or a zero-padded copy for the
+// last partial chunk), `valid` elements of it real -> out[VPC].
 struct DecF32 {
   static constexpr int CB = CH * 4;  // bytes per chunk
+  static constexpr bool SCALED = false;
   const uint8_t* base;
   int64_t stride;  // bytes per row
-  Row row(int64_t n) const { return {base + n * stride, nullptr, 0.f}; }
+  Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  void scales(int64_t, float*) const {}
   void at(const Row&, int64_t, const uint8_t* p, int, F* out) const {
     const float* f = reinterpret_cast<const float*>(p);
     for (int v = 0; v < VPC; ++v) out[v] = V::load(f + v * W);
@@ -66,9 +54,11 @@ struct DecF32 {
 
 struct DecBF16 {
   static constexpr int CB = CH * 2;
+  static constexpr bool SCALED = false;
   const uint8_t* base;
   int64_t stride;
-  Row row(int64_t n) const { return {base + n * stride, nullptr, 0.f}; }
+  Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  void scales(int64_t, float*) const {}
   void at(const Row&, int64_t, const uint8_t* p, int, F* out) const {
     V::bf16_chunk(reinterpret_cast<const uint16_t*>(p), out);
   }
@@ -76,61 +66,84 @@ struct DecBF16 {
 
 struct DecFP8 {
   static constexpr int CB = CH;
+  static constexpr bool SCALED = false;
   const uint8_t* base;
   int64_t stride;
   const float* scale;  // this expert's [NB, KB]
   int64_t ss_r, seg_rows, per_seg, qbn, qbk;
   Row row(int64_t n) const {
     const int64_t srow = (n / seg_rows) * per_seg + (n % seg_rows) / qbn;
-    return {base + n * stride, reinterpret_cast<const uint8_t*>(scale + srow * ss_r), 0.f};
+    return {base + n * stride, scale + srow * ss_r};
   }
+  void scales(int64_t, float*) const {}
   void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const {
-    const float s = reinterpret_cast<const float*>(r.s)[(c * CH) / qbk];
-    V::fp8_chunk(p, s, out);
+    V::fp8_chunk(p, r.s[(c * CH) / qbk], out);
   }
 };
 
 struct DecMXFP4 {
   static constexpr int CB = CH / 2;
+  static constexpr bool SCALED = true;
   const uint8_t* base;
   int64_t stride;
   const uint8_t* scale;  // this expert's [N, KB]
-  int64_t ss_r;
-  Row row(int64_t n) const { return {base + n * stride, scale + n * ss_r, 0.f}; }
-  void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const {
-    V::e2m1_chunk(p, e8m0_to_float(r.s[c]), e8m0_to_float(r.s[c]), out);
+  int64_t ss_r, kb;
+  Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  void scales(int64_t n, float* out) const {  // 2^(s - 127), s == 0 the subnormal 2^-127
+    const uint8_t* s = scale + n * ss_r;
+    uint32_t* bits = reinterpret_cast<uint32_t*>(out);
+    for (int64_t i = 0; i < kb; ++i) bits[i] = s[i] ? uint32_t(s[i]) << 23 : 0x00400000u;
   }
+  void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const { V::e2m1_chunk1(p, r.s[c], out); }
 };
 
 struct DecNVFP4 {
   static constexpr int CB = CH / 2;
+  static constexpr bool SCALED = true;
   const uint8_t* base;
   int64_t stride;
   const uint8_t* scale;  // this expert's [N, KP/16]
   int64_t ss_r;
   const float* scale2;  // this expert's [S]
-  int64_t seg_rows;
-  Row row(int64_t n) const { return {base + n * stride, scale + n * ss_r, scale2[n / seg_rows]}; }
-  void at(const Row& r, int64_t c, const uint8_t* p, int valid, F* out) const {
-    const float a = e4m3_to_float(r.s[2 * c]) * r.s2;
-    const float b = valid > CH / 2 ? e4m3_to_float(r.s[2 * c + 1]) * r.s2 : 0.f;
-    V::e2m1_chunk(p, a, b, out);
+  int64_t seg_rows, kb;
+  Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  void scales(int64_t n, float* out) const {  // e4m3 block scale * weight_scale_2, and a 0 past the end
+    V::e4m3_to_float(scale + n * ss_r, kb, scale2[n / seg_rows], out);
+    out[kb] = 0.f;
+  }
+  void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const {
+    V::e2m1_chunk(p, r.s[2 * c], r.s[2 * c + 1], out);
   }
 };
 
-// Decode chunk c of every tile row into w[NR][VPC]; the last partial chunk goes through a zeroed copy.
+// Decode chunk c of one row into w[VPC]; the last partial chunk goes through a zeroed copy.
 template <class D>
-inline void decode_tile(const D& d, const Row* rows, int64_t c, int valid, F (*w)[VPC]) {
-  if (valid == CH) {
-    for (int j = 0; j < NR; ++j) d.at(rows[j], c, rows[j].d + c * D::CB, CH, w[j]);
-    return;
-  }
-  alignas(64) uint8_t buf[D::CB];
-  const int nbytes = int((int64_t(valid) * D::CB + CH - 1) / CH);
+inline void decode(const D& d, const Row& row, int64_t c, int valid, F* w) {
+  if (valid == CH) return d.at(row, c, row.d + c * D::CB, CH, w);
+  alignas(64) uint8_t buf[D::CB] = {0};
+  std::memcpy(buf, row.d + c * D::CB, size_t((int64_t(valid) * D::CB + CH - 1) / CH));
+  d.at(row, c, buf, valid, w);
+}
+
+constexpr int64_t PREFETCH_CHUNKS = 8;  // how far ahead each weight row is prefetched
+
+// acc[m][j] += x[m] . row_j over chunk c (`valid` elements real; the last partial chunk is decoded
+// from zero-padded copies).
+template <class D, int MR, bool TAIL>
+inline void step(const D& d, const Row* rows, const float* x, int64_t ldx, int64_t c, int valid, F (*acc)[NR]) {
+  F xv[MR][VPC];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < VPC; ++v) xv[m][v] = V::load(x + m * ldx + c * CH + v * W);
   for (int j = 0; j < NR; ++j) {
-    std::memset(buf, 0, sizeof(buf));
-    std::memcpy(buf, rows[j].d + c * D::CB, nbytes);
-    d.at(rows[j], c, buf, valid, w[j]);
+    F w[VPC];
+    if constexpr (TAIL) {
+      decode(d, rows[j], c, valid, w);
+    } else {
+      __builtin_prefetch(rows[j].d + (c + PREFETCH_CHUNKS) * D::CB);
+      d.at(rows[j], c, rows[j].d + c * D::CB, CH, w);
+    }
+    for (int v = 0; v < VPC; ++v)
+      for (int m = 0; m < MR; ++m) acc[m][j] = V::fma(xv[m][v], w[v], acc[m][j]);
   }
 }
 
@@ -140,18 +153,9 @@ void micro(const D& d, const Row* rows, int nvalid, const float* x, int64_t ldx,
   F acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
-  const int64_t chunks = (k + CH - 1) / CH;
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int valid = int(k - c * CH < CH ? k - c * CH : CH);
-    F w[NR][VPC];
-    decode_tile(d, rows, c, valid, w);
-    for (int v = 0; v < VPC; ++v) {
-      for (int m = 0; m < MR; ++m) {
-        const F xv = V::load(x + m * ldx + c * CH + v * W);
-        for (int j = 0; j < NR; ++j) acc[m][j] = V::fma(xv, w[j][v], acc[m][j]);
-      }
-    }
-  }
+  const int64_t full = k / CH;
+  for (int64_t c = 0; c < full; ++c) step<D, MR, false>(d, rows, x, ldx, c, CH, acc);
+  if (k % CH) step<D, MR, true>(d, rows, x, ldx, full, int(k % CH), acc);
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = V::hsum(acc[m][j]);
 }
@@ -170,11 +174,20 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
                 int64_t ldo, bool dense_f32) {
   const int64_t kp = padded_k(k);
   const bool buffered = M > V::MR && !dense_f32;
+  const int64_t per_row = kp / 16 + 16;  // room for the block multipliers of one row
   float* buf = buffered ? static_cast<float*>(std::aligned_alloc(64, sizeof(float) * NR * kp)) : nullptr;
+  float* sbuf = D::SCALED ? static_cast<float*>(std::aligned_alloc(64, sizeof(float) * NR * per_row)) : nullptr;
   for (int64_t n = n0; n < n1; n += NR) {
     const int nvalid = int(n1 - n < NR ? n1 - n : NR);
     Row rows[NR];
-    for (int j = 0; j < NR; ++j) rows[j] = d.row(n + (j < nvalid ? j : nvalid - 1));
+    for (int j = 0; j < NR; ++j) {
+      const int64_t nj = n + (j < nvalid ? j : nvalid - 1);
+      rows[j] = d.row(nj);
+      if (D::SCALED) {
+        d.scales(nj, sbuf + j * per_row);
+        rows[j].s = sbuf + j * per_row;
+      }
+    }
     float* o = out + (n - n0);
     if (!buffered) {
       for (int64_t m = 0; m < M; m += V::MR)
@@ -183,23 +196,21 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
     }
     for (int64_t c = 0; c < kp / CH; ++c) {  // decode the tile once: NR rows x kp floats
       const int valid = int(k - c * CH <= 0 ? 0 : (k - c * CH < CH ? k - c * CH : CH));
-      F w[NR][VPC];
-      if (valid == 0) {
-        for (int j = 0; j < NR; ++j)
-          for (int v = 0; v < VPC; ++v) w[j][v] = V::zero();
-      } else {
-        decode_tile(d, rows, c, valid, w);
+      for (int j = 0; j < NR; ++j) {
+        F w[VPC];
+        for (int v = 0; v < VPC; ++v) w[v] = V::zero();
+        if (valid > 0) decode(d, rows[j], c, valid, w);
+        for (int v = 0; v < VPC; ++v) V::store(buf + j * kp + c * CH + v * W, w[v]);
       }
-      for (int j = 0; j < NR; ++j)
-        for (int v = 0; v < VPC; ++v) V::store(buf + j * kp + c * CH + v * W, w[j][v]);
     }
-    const DecF32 f{reinterpret_cast<const uint8_t*>(buf), int64_t(sizeof(float)) * kp};
+    const DecF32 f{reinterpret_cast<const uint8_t*>(buf), int64_t(sizeof(float)) * kp};  // rows already scaled
     Row brows[NR];
     for (int j = 0; j < NR; ++j) brows[j] = f.row(j);
     for (int64_t m = 0; m < M; m += V::MR)
       micro_rows(f, brows, nvalid, x + m * ldx, ldx, kp, o + m * ldo, ldo, M - m < V::MR ? M - m : V::MR);
   }
   std::free(buf);
+  std::free(sbuf);
 }
 
 // exp(x) for the activations: Cephes' single-precision polynomial on x - n ln2, times 2^n
@@ -249,12 +260,13 @@ void matmul(const Weights& w, int64_t e, int64_t n0, int64_t n1, const float* x,
       return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, false);
     }
     case FMT_MXFP4: {
-      const DecMXFP4 d{data + e * w.sd_e, w.sd_n, static_cast<const uint8_t*>(w.scale) + e * w.ss_e, w.ss_r};
+      const DecMXFP4 d{data + e * w.sd_e, w.sd_n, static_cast<const uint8_t*>(w.scale) + e * w.ss_e, w.ss_r,
+                       padded_k(w.k) / 32};
       return matmul_fmt(d, n0, n1, x, M, ldx, padded_k(w.k), out, ldo, false);
     }
     case FMT_NVFP4: {
       const DecNVFP4 d{data + e * w.sd_e, w.sd_n, static_cast<const uint8_t*>(w.scale) + e * w.ss_e, w.ss_r,
-                       w.scale2 + e * w.s2_e, w.seg_rows};
+                       w.scale2 + e * w.s2_e, w.seg_rows, (w.k + 15) / 16};
       return matmul_fmt(d, n0, n1, x, M, ldx, (w.k + 15) / 16 * 16, out, ldo, false);
     }
   }
