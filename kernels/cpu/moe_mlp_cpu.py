@@ -64,6 +64,15 @@ def unsupported(x: Tensor, w: ExpertWeights) -> str | None:
     return None
 
 
+def compiled_runs(x: Tensor, counts: Tensor, w: ExpertWeights) -> bool:
+    """Whether backend "auto" runs this call on the compiled kernels: a variant is available (and not
+    turned off by MOEMESH_CPU_KERNEL=torch), the kernels read x and w, and no expert gets more than
+    MAX_ROWS_PER_EXPERT rows."""
+    if unsupported(x, w) is not None or selected_variant() is None:
+        return False
+    return counts.numel() == 0 or int(counts.max()) <= MAX_ROWS_PER_EXPERT
+
+
 def _bias(b: Tensor | None) -> Tensor | None:
     if b is None:
         return None
