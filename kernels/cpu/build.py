@@ -7,12 +7,12 @@ from PyPI) against the torch that runs, into
 
 where <key> hashes this checkout's path, the torch and Python versions and the machine type (so ninja
 rebuilds only what changed), and `source.stamp` beside the library records the sources and flags it
-was built from. `scripts/setup.sh` builds it once (`python -m kernels.cpu.build`); a process that
+was built from. `scripts/setup.sh` builds it once (`python -m kernels.cpu`); a process that
 finds a library whose stamp matches imports it without running any build step. Nothing goes through
 pip's isolated build environments (which would pull a CUDA torch). Where the build fails (no C++
 compiler, no ninja, not x86-64) a warning says why and the torch path runs instead; nothing raises.
 
-Run as a script it builds (if needed) and prints which kernel variant this machine runs.
+`python -m kernels.cpu` builds it (if needed) and prints which kernel variant this machine runs.
 """
 from __future__ import annotations
 
@@ -123,22 +123,3 @@ def extension() -> ModuleType | None:
     found = module.variants()
     log.info("CPU expert kernel: %s (supported here: %s; library %s)", found[0] if found else "torch path", ", ".join(found) or "none", library)
     return module
-
-
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    # through the package modules, so that this script and kernels.cpu.variant share one loaded library
-    from kernels.cpu.build import build_dir as where, extension as load
-    from kernels.cpu.variant import selected_variant
-
-    ext = load()
-    if ext is None:
-        print("kernels.cpu: compiled kernels unavailable; the torch path runs", file=sys.stderr)
-        return 0
-    print(f"kernels.cpu: built in {where()}; variant {selected_variant() or 'torch'} "
-          f"(this CPU runs: {', '.join(ext.variants()) or 'none'})", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -194,12 +194,17 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
         micro_rows(d, rows, nvalid, x + m * ldx, ldx, k, o + m * ldo, ldo, M - m < V::MR ? M - m : V::MR);
       continue;
     }
-    for (int64_t c = 0; c < kp / CH; ++c) {  // decode the tile once: NR rows x kp floats
-      const int valid = int(k - c * CH <= 0 ? 0 : (k - c * CH < CH ? k - c * CH : CH));
-      for (int j = 0; j < NR; ++j) {
+    for (int j = 0; j < NR; ++j) {  // decode the tile once, row by row (one stream at a time): NR x kp floats
+      for (int64_t c = 0; c < kp / CH; ++c) {
+        const int valid = int(k - c * CH <= 0 ? 0 : (k - c * CH < CH ? k - c * CH : CH));
         F w[VPC];
         for (int v = 0; v < VPC; ++v) w[v] = V::zero();
-        if (valid > 0) decode(d, rows[j], c, valid, w);
+        __builtin_prefetch(rows[j].d + (c + 4 * PREFETCH_CHUNKS) * D::CB);
+        if (valid == CH) {
+          d.at(rows[j], c, rows[j].d + c * D::CB, CH, w);
+        } else if (valid > 0) {
+          decode(d, rows[j], c, valid, w);
+        }
         for (int v = 0; v < VPC; ++v) V::store(buf + j * kp + c * CH + v * W, w[v]);
       }
     }
