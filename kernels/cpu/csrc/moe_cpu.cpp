@@ -255,5 +255,7 @@ std::vector<std::string> variants() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "moemesh CPU expert kernels";
   m.def("variants", &moemesh_cpu::variants, "kernel variants this CPU runs, best first");
-  m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format");
+  // the GIL is released while the kernels run (as torch's own ops do), so other Python threads go on
+  m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format",
+        py::call_guard<py::gil_scoped_release>());
 }
