@@ -22,7 +22,7 @@ import grpc
 from torch import Tensor
 
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.placement.types import Placement
+from moemesh.contracts.placement import Placement
 from moemesh.transport.base import ExpertServerError, PeerInfo, settle
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from attention_svc.config import AttentionConfig
 from attention_svc.experts import ExpertBackend
 from attention_svc.failover_experts import FailoverExperts
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.knobs import RoutingKnobs
-from control_svc.wire import control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.wire import control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
 from moemesh.rpc.server import make_channel
 from moemesh.transport.dist_transport import open_transport
 
@@ -37,11 +37,11 @@ def decode_update(msg):
     return placement_from_proto(msg.placement), {s.server_id: server_from_proto(s) for s in msg.servers}
 
 
-def engine_knob_setter(engine) -> Callable[[RoutingKnobs], None]:
+def engine_knob_setter(engine) -> Callable[[MoeKnobs], None]:
     """apply(knobs): every MoE layer of `engine` set to its effective top-k and capacity factor."""
     cfg = engine.model_config
 
-    def apply(knobs: RoutingKnobs) -> None:
+    def apply(knobs: MoeKnobs) -> None:
         for layer in cfg.moe_layers:
             top_k, cf = knobs.effective(layer, cfg.top_k)
             engine.set_moe_knobs(top_k=top_k, capacity_factor=cf, layer=layer)
@@ -57,9 +57,9 @@ class RemoteBackend(ExpertBackend):
         self.compute: FailoverExperts | None = None
         self.replica_id = ""
         self.on_placement = lambda: None  # set by the server: wakes the step loop to adopt it
-        self.apply_knobs: Callable[[RoutingKnobs], None] | None = None  # set by the server (engine_knob_setter)
-        self._knobs: dict[int, RoutingKnobs] = {}  # placement version -> knobs it carries
-        self._applied_knobs = RoutingKnobs()  # what the engine runs with (its own defaults)
+        self.apply_knobs: Callable[[MoeKnobs], None] | None = None  # set by the server (engine_knob_setter)
+        self._knobs: dict[int, MoeKnobs] = {}  # placement version -> knobs it carries
+        self._applied_knobs = MoeKnobs()  # what the engine runs with (its own defaults)
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor
 
-from control_svc.placement.types import Placement
+from moemesh.contracts.placement import Placement
 from moemesh.moe.expert_compute import completed
 from moemesh.transport.base import ExpertTransport, PeerInfo, settle
 

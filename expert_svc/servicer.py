@@ -17,6 +17,7 @@ from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
 from moemesh.transport.codec import CodecError, decode, encode
 from moemesh.transport.dist_frames import ForwardCall
 
+SERVICE_NAME = "moemesh.v1.ExpertService"
 expert_pb2, expert_grpc = load("expert")
 log = logging.getLogger(__name__)
 

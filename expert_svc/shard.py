@@ -26,6 +26,7 @@ from expert_svc.stats import ShardStats
 from kernels import ExpertWeights, grouped_expert_mlp
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
+from moemesh.models.registry import load_model_config
 from moemesh.moe.all_experts import ConcatenatedExperts
 from moemesh.moe.expert_loader import load_expert_weights
 
@@ -234,7 +235,7 @@ class ExpertShard:
         load_window_s: float = 60.0,
     ) -> "ExpertShard":
         """dtype: "auto" (the checkpoint's) or a torch dtype name; load_window_s: the stats' load window."""
-        model = ModelConfig.from_model_dir(model_dir)
+        model = load_model_config(model_dir)
         if model.num_experts <= 0:
             raise ValueError(f"model_dir {model_dir!r} holds a dense model: no experts to serve")
         compute = model.dtype if dtype == "auto" else getattr(torch, dtype)

@@ -1,8 +1,8 @@
 """`Router`: the request path of the front door, independent of gRPC.
 
-    prepare (validate, tokenize) -> admission slot -> least-loaded replica (the next one if it is
-    unavailable before the first token) -> stream its tokens through the detokenizer and stop
-    strings -> final message
+    prepare (validate, tokenize) -> admission slot -> replica (the one holding the prompt's prefix,
+    else the least loaded; the next one if it is unavailable before the first token) -> stream its
+    tokens through the detokenizer and stop strings -> final message
 
 Leaving the stream early (client cancel, deadline, stop string) closes the replica's stream, which
 aborts the sequence there and frees its KV blocks.
@@ -12,12 +12,16 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import AsyncIterator
 
+import grpc
+
+from moemesh.block_hash import block_hashes
+from moemesh.contracts.info import ModelInfo
+from moemesh.errors import MeshError
 from router_svc.admission import Admission
-from router_svc.errors import RequestError
 from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
 from router_svc.replicas import ReplicaSet
-from router_svc.types import Delta, Finished, GenerationInput, ModelInfo, SequenceSpec, SequenceUpdate
+from router_svc.types import Delta, Finished, GenerationInput, SequenceSpec, SequenceUpdate
 
 
 class Router:
@@ -33,7 +37,7 @@ class Router:
         spec = self.preparer.prepare(req)
         async with self.admission.slot():
             if spec.request_id in self._placed:
-                raise RequestError("ALREADY_EXISTS", f"request_id: {spec.request_id!r} is already running")
+                raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")
             try:
                 out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
                 finish = ""
@@ -49,7 +53,7 @@ class Router:
                             finish = update.finish_reason
                             break
                 if not finish:
-                    raise RequestError("UNAVAILABLE", "attention: the replica ended the stream early")
+                    raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: the replica ended the stream early")
                 tail = out.tail()
                 if tail:
                     yield Delta(text=tail, token_ids=())
@@ -58,11 +62,12 @@ class Router:
                 self._placed.pop(spec.request_id, None)
 
     async def _updates(self, spec: SequenceSpec, timeout: float | None) -> AsyncIterator[SequenceUpdate]:
-        """The sequence's updates from the least-loaded replica. A replica that is UNAVAILABLE before
-        its first update (draining, down) is marked so and the next one is tried."""
+        """The sequence's updates from the replica `ReplicaSet.pick` chooses for its prompt. A replica that
+        is UNAVAILABLE before its first update (draining, down) is marked so and the next one is tried."""
         tried: set[str] = set()
+        prefix = self._prefix_keys(spec)
         while True:
-            replica = self.replicas.pick(exclude=tried)
+            replica = self.replicas.pick(exclude=tried, prefix=prefix)
             self._placed[spec.request_id] = replica
             started = False
             try:
@@ -72,11 +77,18 @@ class Router:
                             started = True
                             yield update
                 return
-            except RequestError as exc:
-                if started or exc.code != "UNAVAILABLE":
+            except MeshError as exc:
+                if started or exc.code != grpc.StatusCode.UNAVAILABLE:
                     raise
                 self.replicas.mark_unavailable(replica)
                 tried.add(replica.address)
+
+    def _prefix_keys(self, spec: SequenceSpec) -> list:
+        """The keys of the prompt's full KV blocks, when the replicas cache prefixes and routing uses them."""
+        info = self.info
+        if self.replicas.prefix_imbalance is None or not info.prefix_caching or info.kv_block_size < 1:
+            return []
+        return block_hashes(spec.prompt_token_ids, info.kv_block_size)
 
     async def abort(self, request_id: str) -> bool:
         """Stops a running request; its stream ends with finish_reason "abort". False if unknown."""

@@ -56,36 +56,7 @@ class SequenceUpdate:
     logprobs: tuple[float, ...] = ()
     finish_reason: str = ""
     prompt_logprobs: tuple[float | None, ...] = ()
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    waiting: int = 0
-    running: int = 0
-    free_blocks: int = 0
-    total_blocks: int = 0
-    serving: bool = True
-    accepted: int = 0
-
-    @property
-    def sequences(self) -> int:
-        return self.waiting + self.running
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the served model accepts; the router validates requests against it."""
-
-    name: str
-    architecture: str
-    vocab_size: int
-    max_context: int
-    max_new_tokens_limit: int
-    eos_token_ids: tuple[int, ...] = ()
-    has_chat_template: bool = False
-    num_experts: int = 0
-    experts_per_token: int = 0
-    num_layers: int = 0
+    cached_tokens: int | None = None  # on the first update: prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -105,3 +76,4 @@ class Finished:
     prompt_token_ids: tuple[int, ...]
     completion_tokens: int
     prompt_logprobs: tuple[float | None, ...] = ()
+    cached_tokens: int = 0

@@ -26,7 +26,7 @@ from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan, routes_all
 from moemesh.moe.expert_compute import AllExpertsCompute, ExpertCompute
 from moemesh.moe.gate import softmax_all, softmax_topk
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
 

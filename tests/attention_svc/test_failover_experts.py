@@ -9,7 +9,7 @@ import torch
 
 from attention_svc.failover_experts import FailoverExperts
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.initial_placement import round_robin_placement
+from control_svc.placement import initial_placement as round_robin_placement
 from kernels import grouped_expert_mlp
 from moemesh.transport.base import ExpertServerError
 from tests.attention_svc.test_remote_experts import ShardTransport, peers

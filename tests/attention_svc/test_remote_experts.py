@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from attention_svc.remote_experts import RemoteExperts, plan_requests
-from control_svc.initial_placement import round_robin_placement
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo
+from control_svc.placement import initial_placement as round_robin_placement
 from kernels import grouped_expert_mlp
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.placement import Placement
 from moemesh.moe.local_experts import LocalExperts
 from moemesh.rpc.config import RpcConfig
 from moemesh.transport.base import ExpertServerError
-from moemesh.transport.dist_transport import DistTransport, open_transport
 from moemesh.transport.dist_link import host_id
+from moemesh.transport.dist_transport import DistTransport, open_transport
 from moemesh.transport.grpc_transport import GrpcTransport
 from tests.expert_svc.fixtures import all_weights, loop, moe_dir, routed_rows, running_expert_servers  # noqa: F401
 

@@ -66,7 +66,7 @@ def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop)
         try:
             x, ids, counts = routed_rows(5, [2])
             t.forward(0, x, ids, counts).result(30)
-            loop.run(srv.server.stop(0), 30)
+            loop.run(srv.mesh.stop(0), 30)
             with pytest.raises(ExpertServerError) as e:
                 t.forward(0, x, ids, counts).result(30)
             assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)

@@ -24,7 +24,7 @@ from moemesh.models.layers import silu_mlp
 from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import LayerKnobs
+from moemesh.contracts.knobs import LayerKnobs
 
 
 @dataclass(frozen=True)

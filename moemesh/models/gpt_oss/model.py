@@ -27,7 +27,7 @@ from moemesh.models.layers import rms_norm
 from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
 
