@@ -52,7 +52,8 @@ class Router:
             running = self._placed[spec.request_id] = _Running()
             spec = replace(spec, sequence_id=f"{spec.request_id}#{uuid.uuid4().hex[:12]}")
             try:
-                out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
+                wants_texts = spec.sampling.logprobs or spec.sampling.top_logprobs > 0
+                out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer, token_texts=wants_texts)
                 finish = ""
                 async with aclosing(self._updates(spec, timeout, running)) as updates:
                     async for update in updates:
@@ -111,6 +112,14 @@ class Router:
                 self.replicas.mark_unavailable(replica)
                 tried.add(replica.address)
 
+    async def count_tokens(self, req: GenerationInput) -> int:
+        """How many prompt tokens `req`'s input makes, as `generate` would tokenize it (on a worker thread)."""
+        return await asyncio.to_thread(self.preparer.count, req)
+
+    @property
+    def serving(self) -> bool:
+        """Whether an attention replica can take a sequence now."""
+        return any(r.available for r in self.replicas.replicas)
     def _prefix_keys(self, spec: SequenceSpec) -> list:
         """The keys of the prompt's full KV blocks, when the replicas cache prefixes and routing uses them."""
         info = self.info

@@ -13,7 +13,8 @@ class StepOutput:
     error: with "error", why this sequence failed alone (its batch mates went on): a ValueError
     when its own values are invalid, another exception (RuntimeError "logits: ...") otherwise;
     prompt_logprobs: on a request's first output when asked for: [None, lp(p1|p0), ...];
-    cached_tokens: on a request's first output: prompt tokens served from the prefix cache."""
+    cached_tokens: on a request's first output: prompt tokens served from the prefix cache;
+    top_logprobs: when asked for, the k most likely (token id, logprob) pairs at this position."""
 
     request_id: str
     token_id: int | None
@@ -22,6 +23,7 @@ class StepOutput:
     finish_reason: str | None = None
     prompt_logprobs: list[float | None] | None = None
     cached_tokens: int | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
     error: Exception | None = None
 
 

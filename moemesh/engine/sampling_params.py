@@ -17,7 +17,8 @@ class SamplingParams:
     so small it rounds to 0 keeps the top token); seed None = nondeterministic.
     Generation stops at max_new_tokens, or at a token in stop_token_ids or (unless ignore_eos) the
     model's EOS ids; the stop token is included in the output. prompt_logprobs: also report the
-    log-probability of each prompt token given the tokens before it.
+    log-probability of each prompt token given the tokens before it. top_logprobs: also report the
+    k most likely tokens (and their log-probabilities) at each generated position.
     Every rejected value raises ValueError with a message that starts with the field's name."""
 
     max_new_tokens: int = 16
@@ -28,6 +29,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     prompt_logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -40,6 +42,8 @@ class SamplingParams:
             raise ValueError(f"top_k: must be >= 0 (0 = off), got {self.top_k}")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]:
             raise ValueError(f"seed: must be in [-2^63, 2^64), got {self.seed}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs: must be >= 0 (0 = none), got {self.top_logprobs}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

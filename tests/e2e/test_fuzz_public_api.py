@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from tests.e2e.helpers import gen_grpc, gen_pb
 
 pytestmark = pytest.mark.slow

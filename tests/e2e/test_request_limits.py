@@ -16,7 +16,7 @@ import pytest
 
 from moemesh.launcher.child import stop_all
 from moemesh.tokenizer import Tokenizer
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from router_svc.limits import RequestLimits
 from tests.e2e.helpers import gen_grpc, gen_pb, start_service
 

@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 
 from moemesh.errors import MeshError
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from router_svc.limits import NORMALIZATION_SLACK, RequestLimits
-from router_svc.prepare import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, RequestPreparer
+from router_svc.prepare import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TEMPLATE_KWARGS, MAX_TOOL_CALLS, MAX_TOOLS, RequestPreparer
 from router_svc.router import Router
 from router_svc.admission import Admission
 from router_svc.replicas import Replica, ReplicaSet
 from router_svc.types import ChatTurn, GenerationInput
-from router_svc.wire_shape import check_wire_shape
+from router_svc.wire_shape import WireLimits, check_wire_shape
 from tests.router_svc.fakes import FakeAttention
 
 
@@ -90,25 +90,43 @@ def test_stop_strings_together_are_bounded(info, tokenizer):
     assert e.value.code.name == "OUT_OF_RANGE" and e.value.message.startswith("stop: ")
 
 
+WIRE = WireLimits(64, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TOOLS, MAX_TEMPLATE_KWARGS, MAX_TOOL_CALLS)
+
+
+def message(*fields: bytes) -> bytes:
+    """A ChatMessage entry of ChatMessages (field 1) holding `fields`."""
+    body = b"".join(fields)
+    return b"\x0a" + varint(len(body)) + body
+
+
 @pytest.mark.parametrize("raw, field", [
     (b"\x5a\x01a" * (MAX_STOP_STRINGS + 1), "stop"),
     (b"\x60\x05" * (MAX_STOP_TOKEN_IDS + 1), "stop_token_ids"),  # unpacked
     (b"\x62" + varint(10 * MAX_STOP_TOKEN_IDS + 1) + b"\x05" * (10 * MAX_STOP_TOKEN_IDS + 1), "stop_token_ids"),  # packed
+    (b"\x82\x01\x00" * (MAX_TOOLS + 1), "tools"),
+    (b"\x8a\x01\x00" * (MAX_TEMPLATE_KWARGS + 1), "chat_template_kwargs"),
     (b"\x2a" + varint(2 * 65) + b"\x0a\x00" * 65, "messages"),
+    (b"\x2a" + varint(3 + 2 * (MAX_TOOL_CALLS + 1)) + message(b"\x1a\x00" * (MAX_TOOL_CALLS + 1)), "messages[0].tool_calls"),
+    (b"\x2a" + varint(64 * 43) + message(b"\x2a\x00" * 20) * 64, "messages"),  # fields beyond the budget
     (b"\xf8\x07\x01" * 100, "request"),  # an unknown field, many times
 ])
 def test_too_many_repeated_entries_are_refused_on_the_wire(raw, field):
     with pytest.raises(MeshError) as e:
-        check_wire_shape(raw, 64, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS)
+        check_wire_shape(raw, WIRE)
     assert e.value.message.startswith(f"{field}: ")
 
 
 def test_a_valid_request_passes_the_wire_check():
     req = build_request(messages=[("user", "hi")] * 64, stop=["a"] * MAX_STOP_STRINGS, max_new_tokens=3, temperature=0.5)
     req.stop_token_ids.extend(range(MAX_STOP_TOKEN_IDS))
-    raw = req.SerializeToString()
-    check_wire_shape(raw, 64, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS)
-    check_wire_shape(b"\x1a\x05ab", 64, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS)  # malformed: left to the parser
+    for i in range(MAX_TOOLS):
+        req.tools.add(name=f"tool{i}")
+    for i in range(MAX_TEMPLATE_KWARGS):
+        req.chat_template_kwargs[f"k{i}"] = "true"
+    for _ in range(MAX_TOOL_CALLS):
+        req.messages.messages[0].tool_calls.add(name="f", arguments="{}")
+    check_wire_shape(req.SerializeToString(), WIRE)
+    check_wire_shape(b"\x1a\x05ab", WIRE)  # malformed: left to the parser
 
 
 def test_a_long_prompt_is_tokenized_off_the_event_loop(info, tokenizer):
