@@ -31,6 +31,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("up", help="start the whole mesh on this machine (control, experts, attention, router)")
     add_mesh_arguments(p)
     p.add_argument("--port", type=int, default=0, metavar="P", help="the router's port (0 = any free port)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="the router's API key: clients send `authorization: Bearer KEY` (default: MOEMESH_API_KEY, else none)")
+    for name, what in (("cert", "PEM certificate every service presents"), ("key", "its PEM private key"),
+                       ("ca", "PEM CA the services' certificates chain to")):
+        p.add_argument(f"--tls-{name}", default=None, metavar="FILE", help=f"with --tls-cert/--tls-key/--tls-ca, mTLS between all services: {what}")
+    p.add_argument("--tls-server-name", default=None, metavar="NAME", help="name the certificate carries when it is not the host dialed")
     p.set_defaults(func=run)
 
 
@@ -47,7 +53,14 @@ def mesh_spec(ns: argparse.Namespace, port: int = 0):
         experts_dtype=ns.experts_dtype, transport=ns.transport, port=port,
         start_timeout_s=ns.start_timeout, attention_threads=ns.attention_threads,
         prefix_cache=ns.prefix_cache, max_num_batched_tokens=ns.max_num_batched_tokens,
+        **security_fields(ns),
     )
+
+
+def security_fields(ns: argparse.Namespace) -> dict:
+    """`up`'s API key and TLS flags as MeshSpec fields (absent for commands without them)."""
+    names = ("api_key", "tls_cert", "tls_key", "tls_ca", "tls_server_name")
+    return {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -67,6 +80,8 @@ def run(ns: argparse.Namespace) -> int:
         print(f"moemesh up: error: {e}", file=sys.stderr)
         return 1
     print(f"moemesh: serving router={router} control={control}", flush=True)
+    print(f"moemesh up: the mesh token is in {mesh.token_file} (moemesh ctl --mesh-token-file {mesh.token_file} ...)",
+          file=sys.stderr, flush=True)
     dead = mesh.watch(stop)
     mesh.stop()
     if dead is not None:

@@ -3,15 +3,23 @@
     start: control -> expert servers -> attention replicas -> router, each healthy before the next
     watch: until asked to stop or a child exits on its own
     stop:  SIGTERM all (router first, so streams drain), then SIGKILL what is left
+
+The mesh token: the one the environment gives (`MOEMESH_MESH_TOKEN`), else a new random one, is
+written to `mesh-token` in the log directory (mode 0600) and every child gets that file's path
+(`--mesh-token-file`), never the token itself on its command line. `moemesh ctl` takes the same file.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.security import SecurityConfig
 
 from moemesh.launcher.child import Child, stop_all
 from moemesh.launcher.health import ChildExited, wait_serving
@@ -32,6 +40,11 @@ class MeshSpec:
     attention_threads: int = 0  # 0 = this machine's cores split evenly over the compute processes
     prefix_cache: bool = True  # attention replicas reuse cached prompt prefixes
     max_num_batched_tokens: int = 0  # attention replicas' token budget per step; 0 = their default
+    api_key: str = ""  # the router's API key (empty = the environment's MOEMESH_API_KEY, or none)
+    tls_cert: str | None = None  # with tls_key and tls_ca: every service serves mTLS with them
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
 
     def threads_per_process(self) -> int:
         """torch threads for each expert server and attention replica: every process on this machine
@@ -50,6 +63,20 @@ class MeshSpec:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_num_batched_tokens < 0:
             raise ValueError(f"max_num_batched_tokens must be >= 0 (0 = the replicas' default), got {self.max_num_batched_tokens}")
+        self.tls()  # validates the certificate files
+
+    def tls(self) -> SecurityConfig:
+        return SecurityConfig(tls_cert=self.tls_cert, tls_key=self.tls_key, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
+
+
+def write_token_file(directory: Path, token: str | None = None) -> Path:
+    """`directory`/mesh-token holding `token` (a new random one when None), readable by its owner only."""
+    path = directory / "mesh-token"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write((token or secrets.token_urlsafe(32)) + "\n")
+    return path
 
 
 class MeshFailed(RuntimeError):
@@ -78,12 +105,25 @@ class Mesh:
         self.addresses: dict[str, str] = {}  # child name -> its gRPC address
         self.router_addr = ""
         self.control_addr = ""
+        self.token_file = write_token_file(self.log_dir, os.environ.get("MOEMESH_MESH_TOKEN") or None)
+        tls = spec.tls()
+        # what every child is started with, and how the launcher itself calls them
+        self.rpc = RpcConfig(security=SecurityConfig(mesh_token_file=str(self.token_file), tls_cert=tls.tls_cert, tls_key=tls.tls_key,
+                                                     tls_ca=tls.tls_ca, tls_server_name=tls.tls_server_name))
+        self.security_flags = {"mesh_token_file": str(self.token_file), "tls_cert": tls.tls_cert, "tls_key": tls.tls_key,
+                               "tls_ca": tls.tls_ca, "tls_server_name": tls.tls_server_name}
+        # children read secrets from the environment, not their command line: the token from its file,
+        # the API key as MOEMESH_API_KEY
+        self.env = {k: v for k, v in os.environ.items() if k != "MOEMESH_MESH_TOKEN"}
+        if spec.api_key:
+            self.env["MOEMESH_API_KEY"] = spec.api_key
 
     def _spawn(self, name: str, service: str, flags: dict[str, object]) -> str:
         s = self.spec
         port = flags.pop("port", None) or free_port(s.host)
         address = f"{s.host}:{port}"
-        child = Child(name, serve_argv(service, {"host": s.host, "port": port, **flags}), self.log_dir / f"{name}.log")
+        argv = serve_argv(service, {"host": s.host, "port": port, **flags, **self.security_flags})
+        child = Child(name, argv, self.log_dir / f"{name}.log", env=self.env)
         self.children.append(child)
         self.addresses[name] = address
         return address
@@ -91,7 +131,7 @@ class Mesh:
     def _wait(self, addresses: list[str]) -> None:
         for child, address in zip(self.children[-len(addresses):], addresses):
             try:
-                wait_serving(address, self.spec.start_timeout_s, alive=lambda c=child: c.poll() is None)
+                wait_serving(address, self.spec.start_timeout_s, alive=lambda c=child: c.poll() is None, rpc=self.rpc)
             except (ChildExited, TimeoutError) as exc:
                 raise MeshFailed(f"{child.name} did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
 
