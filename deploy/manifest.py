@@ -12,7 +12,6 @@ SERVICE_CONFIGS = {  # service -> config dataclass, as `moemesh serve` resolves 
     "expert": "expert_svc.config:ExpertServerConfig",
     "control": "control_svc.config:ControlConfig",
 }
-INTERNAL = ("attention", "expert", "control")
 MODEL_CLAIM = "moemesh-model"
 ENV_RE = re.compile(r"^MOEMESH_([A-Z]+)_([A-Z0-9_]+)$")
 
