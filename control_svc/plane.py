@@ -70,6 +70,10 @@ class ControlPlane:
 
     # ---- registration ------------------------------------------------------------------------
     def register_expert(self, info: ServerInfo) -> ServerInfo:
+        # a server registering from the address of one we think alive is its restart (only one process
+        # can listen there): the old one is gone, its experts fail over now rather than after dead_after_s
+        for old in [r.info.server_id for r in self.registry.experts.values() if r.info.address == info.address and r.info.state != "dead"]:
+            self.declare_dead(old, f"a new server registered from its address {info.address}")
         rec = self.registry.register_expert(info)
         log.info("expert server %s registered at %s (%s)", rec.server_id, rec.address, rec.device)
         if self.board.version == 0 and len(self.registry.serving()) >= self.expected and self._initial is None:

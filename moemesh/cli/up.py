@@ -1,4 +1,6 @@
-"""`moemesh up`: the whole mesh on this machine, as separate processes, until SIGINT/SIGTERM."""
+"""`moemesh up`: the whole mesh on this machine, as separate processes, until SIGINT/SIGTERM.
+A child that dies is restarted (with backoff) and rejoins; one that keeps dying is reported failed
+and the rest keep serving (exit 1 at the end)."""
 from __future__ import annotations
 
 import argparse
@@ -82,10 +84,10 @@ def run(ns: argparse.Namespace) -> int:
     print(f"moemesh: serving router={router} control={control}", flush=True)
     print(f"moemesh up: the mesh token is in {mesh.token_file} (moemesh ctl --mesh-token-file {mesh.token_file} ...)",
           file=sys.stderr, flush=True)
-    dead = mesh.watch(stop)
+    # only SIGINT/SIGTERM stop the mesh: a child that dies is restarted and rejoins
+    failed = mesh.supervise(stop)
     mesh.stop()
-    if dead is not None:
-        print(f"moemesh up: error: {dead.name} exited with {dead.poll()}; stopped the mesh. Last log lines:\n{dead.log_tail()}",
-              file=sys.stderr)
+    if failed:
+        print(f"moemesh up: error: {', '.join(failed)} failed for good while the mesh ran", file=sys.stderr)
         return 1
     return 0

@@ -1,8 +1,11 @@
 """`Mesh`: the whole mesh on this machine as child processes.
 
-    start: control -> expert servers -> attention replicas -> router, each healthy before the next
-    watch: until asked to stop or a child exits on its own
-    stop:  SIGTERM all (router first, so streams drain), then SIGKILL what is left
+    start:     control -> expert servers -> attention replicas -> router, each healthy before the next
+    supervise: until asked to stop; a child that exits is started again on its port (backoff),
+               and rejoins (an expert server registers again and gets experts, an attention replica
+               registers and the router finds it at its address); one that keeps failing past
+               `RestartPolicy` is reported failed while the rest go on serving
+    stop:      SIGTERM all (router first, so streams drain), then SIGKILL what is left
 
 The mesh token: the one the environment gives (`MOEMESH_MESH_TOKEN`), else a new random one, is
 written to `mesh-token` in the log directory (mode 0600) and every child gets that file's path
@@ -15,8 +18,10 @@ import secrets
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.security import SecurityConfig
@@ -79,6 +84,28 @@ def write_token_file(directory: Path, token: str | None = None) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How `Mesh.supervise` restarts a child that exited: after `backoff_initial_s`, doubling per
+    exit within `window_s` up to `backoff_max_s`; more than `max_restarts` exits within `window_s`
+    and the service is failed (not restarted again; the rest of the mesh keeps running)."""
+
+    max_restarts: int = 5
+    window_s: float = 300.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+
+    def delay(self, recent_exits: int) -> float:
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** max(0, recent_exits - 1))
+
+
+@dataclass
+class _Restarts:
+    exits: list[float] = field(default_factory=list)  # monotonic times of its exits
+    due: float | None = None  # when it is started again (None: running)
+    failed: bool = False
+
+
 class MeshFailed(RuntimeError):
     """A child failed to start or exited on its own; the message carries its log tail."""
 
@@ -117,6 +144,8 @@ class Mesh:
         self.env = {k: v for k, v in os.environ.items() if k != "MOEMESH_MESH_TOKEN"}
         if spec.api_key:
             self.env["MOEMESH_API_KEY"] = spec.api_key
+        self._argv: dict[str, list[str]] = {}  # child name -> its command line (a restart reuses it, port included)
+        self._restarts: dict[str, _Restarts] = {}
 
     def _spawn(self, name: str, service: str, flags: dict[str, object]) -> str:
         s = self.spec
@@ -124,6 +153,7 @@ class Mesh:
         address = f"{s.host}:{port}"
         argv = serve_argv(service, {"host": s.host, "port": port, **flags, **self.security_flags})
         child = Child(name, argv, self.log_dir / f"{name}.log", env=self.env)
+        self._argv[name] = argv
         self.children.append(child)
         self.addresses[name] = address
         return address
@@ -170,17 +200,38 @@ class Mesh:
             raise
         return self.router_addr, self.control_addr
 
-    def exited(self) -> Child | None:
-        """The first child that has exited, if any."""
-        return next((c for c in self.children if c.poll() is not None), None)
-
-    def watch(self, stop: threading.Event, poll_s: float = 0.2) -> Child | None:
-        """Blocks until `stop` is set (returns None) or a child exits (returns it)."""
+    def supervise(self, stop: threading.Event, policy: RestartPolicy = RestartPolicy(), poll_s: float = 0.2,
+                  report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[str]:
+        """Until `stop` is set: restart every child that exits (same command line and port, after
+        the policy's backoff), report each exit, restart and failure with `report`. Returns the
+        names of the services that failed for good."""
         while not stop.wait(poll_s):
-            dead = self.exited()
-            if dead is not None:
-                return dead
-        return None
+            self.restart_exited(policy, report, time.monotonic())
+        return sorted(name for name, r in self._restarts.items() if r.failed)
+
+    def restart_exited(self, policy: RestartPolicy, report: Callable[[str], None], now: float) -> None:
+        """One supervision pass: schedule the children that exited, start those that are due."""
+        for i, child in enumerate(self.children):
+            r = self._restarts.setdefault(child.name, _Restarts())
+            if r.failed:
+                continue
+            if r.due is None:
+                code = child.poll()
+                if code is None:
+                    continue
+                r.exits = [t for t in r.exits if now - t < policy.window_s] + [now]
+                if len(r.exits) > policy.max_restarts:
+                    r.failed = True
+                    report(f"moemesh up: error: {child.name} exited with {code} {len(r.exits)} times within {policy.window_s:.0f}s: "
+                           f"not restarting it; the rest of the mesh keeps running. Last log lines:\n{child.log_tail()}")
+                    continue
+                r.due = now + policy.delay(len(r.exits))
+                report(f"moemesh up: {child.name} exited with {code}; restarting it in {r.due - now:.1f}s")
+            elif now >= r.due:
+                child.close()
+                self.children[i] = Child(child.name, self._argv[child.name], child.log_path, env=self.env)
+                r.due = None
+                report(f"moemesh up: restarted {child.name} (pid {self.children[i].pid})")
 
     def stop(self) -> None:
         """Router first (its streams drain), then the rest; no child outlives this call."""
