@@ -200,7 +200,7 @@ def caller_identity(context: grpc.aio.ServicerContext) -> str:
     if key:
         parts.append("key:" + hashlib.sha256(key.encode()).hexdigest()[:32])
     auth = context.auth_context() or {}
-    names = auth.get("x509_subject_alternative_name") or auth.get("x509_common_name") or []
+    names = [*auth.get("x509_common_name", []), *auth.get("x509_subject_alternative_name", [])]
     if names:
         parts.append("tls:" + ",".join(sorted(n.decode(errors="replace") if isinstance(n, bytes) else str(n) for n in names)))
     parts.append("peer:" + peer_host(context.peer() or ""))

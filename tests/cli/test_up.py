@@ -29,7 +29,15 @@ def start_up(model_dir, tmp_path, *extra):
     return proc, m.group(1), m.group(2)
 
 
-def spread_over_replicas(router: str, replicas: list[psutil.Process]) -> None:
+def mesh_rpc(token_file):
+    """How to call the internal services of the `up` mesh whose log dir holds `token_file`."""
+    from moemesh.rpc.config import RpcConfig
+    from moemesh.rpc.security import SecurityConfig
+
+    return RpcConfig(security=SecurityConfig(mesh_token_file=str(token_file)))
+
+
+def spread_over_replicas(router: str, replicas: list[psutil.Process], rpc) -> None:
     """Concurrent requests land on both attention replicas (least loaded first)."""
     import grpc
 
@@ -41,7 +49,7 @@ def spread_over_replicas(router: str, replicas: list[psutil.Process]) -> None:
         stub = gen_grpc.GenerationStub(ch)
         streams = [stub.Generate(build_request(prompt_token_ids=[5 + i, 6, 7], max_new_tokens=20), timeout=120) for i in range(8)]
         assert all(list(s)[-1].finish_reason for s in streams)
-    accepted = [attention_load(a).accepted for a in addresses]
+    accepted = [attention_load(a, rpc).accepted for a in addresses]
     assert all(n >= 2 for n in accepted), accepted
 
 
@@ -66,7 +74,7 @@ def test_up_serves_and_sigterm_stops_every_process(tiny_model_dir, tmp_path):
         assert len(serving) == 6  # control, 2 experts, 2 attention replicas, router
         args = ["--prompt", "Hello", "--max-new-tokens", "6"]
         assert_same_generation(generate_json(router, *args), run_json("--model", str(tiny_model_dir), *args))
-        spread_over_replicas(router, [c for c in serving if "attention" in c.cmdline()])
+        spread_over_replicas(router, [c for c in serving if "attention" in c.cmdline()], mesh_rpc(tmp_path / "mesh-token"))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert_all_gone(children)

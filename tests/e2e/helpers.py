@@ -55,8 +55,8 @@ def generate_json(address: str, *args: str) -> dict:
     return json.loads(out.getvalue())
 
 
-def attention_load(address: str):
-    with channel(address) as ch:
+def attention_load(address: str, rpc=TEST_RPC):
+    with channel(address, rpc) as ch:
         return att_grpc.AttentionStub(ch).GetLoad(att_pb.GetLoadRequest(), timeout=10)
 
 
