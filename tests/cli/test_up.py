@@ -103,7 +103,7 @@ def test_the_mesh_token_is_made_per_mesh_and_never_on_a_command_line(tiny_model_
         assert len(token) >= 32 and (token_file.stat().st_mode & 0o777) == 0o600
         for c in descendants(proc.pid):
             assert not any(token in a for a in c.cmdline()), c.cmdline()
-        assert ctl_status(control, token_file)["placement_version"] >= 1
+        assert int(ctl_status(control, token_file)["placement_version"]) >= 1
         import grpc
 
         from moemesh.contracts.wire import control_grpc, control_pb2
