@@ -60,13 +60,13 @@ def attention_load(address: str, rpc=TEST_RPC):
         return att_grpc.AttentionStub(ch).GetLoad(att_pb.GetLoadRequest(), timeout=10)
 
 
-def wait_idle(address: str, timeout_s: float = 10.0):
+def wait_idle(address: str, timeout_s: float = 10.0, rpc=TEST_RPC):
     """Polls an attention replica until no sequence runs or waits; returns the last load report."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while True:
-        load = attention_load(address)
+        load = attention_load(address, rpc)
         if (load.running == 0 and load.waiting == 0 and load.free_blocks == load.total_blocks) or time.monotonic() > deadline:
             return load
         time.sleep(0.05)
