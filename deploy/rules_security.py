@@ -16,7 +16,7 @@ from deploy.manifest import Obj, config_value, effective_env, grpc_port_of, obj_
 COMPONENT = "app.kubernetes.io/component"
 # service -> the components whose pods call its gRPC port
 CALLERS = {
-    "control": {"expert", "attention"},  # register, heartbeat, placement stream, failure reports
+    "control": {"expert", "attention", "gateway"},  # register, heartbeat, placement stream, failure reports; the chat page's status
     "attention": {"router"},  # sequences
     "expert": {"attention", "control"},  # expert calls; load/drop experts, probes
 }
