@@ -108,7 +108,7 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
         experts.apply_knobs = engine_knob_setter(engine)
     replica = AttentionReplica(engine, loop, experts.placement_version)
     mesh = build_server(cfg.rpc, Service(pb_grpc.add_AttentionServicer_to_server, AttentionServicer(replica), SERVICE_NAME))
-    port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = mesh.bind(f"{cfg.host}:{cfg.port}")
     await experts.register(f"{cfg.host}:{port}")
     metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None
     return AttentionServer(mesh, port, replica, experts, cfg, metrics_server), port

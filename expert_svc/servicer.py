@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Awaitable, Callable
 
 import grpc
 import torch
@@ -12,6 +12,7 @@ import torch
 from expert_svc.dist_hub import CLIENT_RANK, DistHub
 from expert_svc.errors import BadForward, CallFailed, OverBudget, UnknownExperts
 from expert_svc.shard import ExpertShard
+from moemesh.errors import MeshError
 from moemesh.rpc.protos import load
 from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
 from moemesh.transport.codec import CodecError, decode, encode
@@ -66,6 +67,8 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         self.pool = pool
         self.max_bytes = max_message_bytes
         self.dist = dist
+        # with a control plane: `ControlAgent.check_drop`, which refuses drops of experts still placed here
+        self.drop_guard: Callable[[dict[int, list[int]]], Awaitable[None]] | None = None
         if dist is not None:
             dist.serve(self.forward_dist)
 
@@ -153,6 +156,11 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         return expert_set(self.shard.held())
 
     async def DropExperts(self, request, context):
+        if self.drop_guard is not None:
+            try:
+                await self.drop_guard({le.layer: list(le.expert_ids) for le in request.experts})
+            except MeshError as e:
+                await context.abort(e.code, e.message)
         for le in request.experts:
             await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
         return expert_set(self.shard.held())
@@ -164,10 +172,11 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         if self.dist is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this server offers no torch.distributed transport (transport=grpc)")
         try:
-            link_id = self.dist.open(request.client_id, request.host_id)
+            link_id, secret = self.dist.open(request.client_id, request.host_id)
         except ValueError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return expert_pb2.OpenDistLinkResponse(link_id=link_id, store_addr=self.dist.addr, backend=self.dist.backend, client_rank=CLIENT_RANK)
+        return expert_pb2.OpenDistLinkResponse(
+            link_id=link_id, store_addr=self.dist.addr, backend=self.dist.backend, client_rank=CLIENT_RANK, link_secret=secret)
 
 
 def gpu_message(gpu: GpuTelemetry | None):

@@ -38,18 +38,19 @@ class Router:
         self.admission = admission
         self.tokenizer = tokenizer
         self.preparer = RequestPreparer(info, tokenizer)
-        self._placed: dict[str, _Running] = {}  # request id -> where it runs
+        self._placed: dict[str, _Running] = {}  # request id -> where it runs and who started it
 
     @property
     def limits(self) -> RequestLimits:
         return self.preparer.limits
 
-    async def generate(self, req: GenerationInput, timeout: float | None = None) -> AsyncIterator[Delta | Finished]:
+    async def generate(self, req: GenerationInput, timeout: float | None = None, caller: str = "") -> AsyncIterator[Delta | Finished]:
+        """caller: who sends the request (`moemesh.rpc.security.caller_identity`); `abort` honours only them."""
         # on a worker thread: tokenizing a long prompt (without the GIL) must not hold up other streams
         spec = await asyncio.to_thread(self.preparer.prepare, req)
         async with self.admission.slot():
             await self._wait_for_id(spec.request_id)
-            running = self._placed[spec.request_id] = _Running()
+            running = self._placed[spec.request_id] = _Running(caller=caller)
             spec = replace(spec, sequence_id=f"{spec.request_id}#{uuid.uuid4().hex[:12]}")
             try:
                 wants_texts = spec.sampling.logprobs or spec.sampling.top_logprobs > 0
@@ -127,11 +128,12 @@ class Router:
             return []
         return block_hashes(spec.prompt_token_ids, info.kv_block_size)
 
-    async def abort(self, request_id: str) -> bool:
-        """Stops a running request; its stream ends with finish_reason "abort". False if unknown.
+    async def abort(self, request_id: str, caller: str = "") -> bool:
+        """Stops a running request `caller` started; its stream ends with finish_reason "abort".
+        False if unknown, or started by another caller (to them it is as if it did not exist).
         Once it returns, the id is free for a new request (the replica frees it on its Abort)."""
         running = self._placed.get(request_id)
-        if running is None or running.replica is None:
+        if running is None or running.replica is None or running.caller != caller:
             return False
         found = await running.replica.client.abort(running.sequence_id)
         if self._placed.get(request_id) is running:
@@ -141,9 +143,10 @@ class Router:
 
 @dataclass(eq=False)
 class _Running:
-    """One request the router is serving: the replica it runs on (None until one is picked), its id
-    there, and `ended` once its stream is over."""
+    """One request the router is serving: who started it, the replica it runs on (None until one is
+    picked), its id there, and `ended` once its stream is over."""
 
+    caller: str = ""
     replica: object | None = None
     sequence_id: str = ""
     ended: asyncio.Event = field(default_factory=asyncio.Event)

@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
+from moemesh.rpc.security import caller_identity
 from router_svc.router import Router
 from router_svc.prepare import (MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TEMPLATE_KWARGS, MAX_TOOL_CALLS,
                                 MAX_TOOLS)
@@ -133,14 +134,14 @@ class GenerationServicer:
     async def Generate(self, raw: bytes, context: grpc.aio.ServicerContext):
         try:
             inp = self._input(raw)
-            async for item in self.router.generate(inp, timeout=context.time_remaining()):
+            async for item in self.router.generate(inp, timeout=context.time_remaining(), caller=caller_identity(context)):
                 yield to_response(inp.request_id, item)
         except MeshError as exc:
             await context.abort(exc.code, exc.message)
 
     async def Abort(self, request, context: grpc.aio.ServicerContext):
         try:
-            found = await self.router.abort(request.request_id)
+            found = await self.router.abort(request.request_id, caller=caller_identity(context))
         except MeshError as exc:
             await context.abort(exc.code, exc.message)
         return pb.AbortResponse(found=found)

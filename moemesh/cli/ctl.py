@@ -8,7 +8,10 @@ CONTROL is the address `moemesh up` prints as `control=HOST:PORT`. Commands:
     set [--top-k K] [--capacity-factor C] [--layer L]
                                    change routing knobs live (a new placement version carries them)
     drain SERVER_ID                move a server's experts away so it can leave
+    undrain SERVER_ID              a draining server serves again (and gets experts back)
 
+The control plane requires the mesh token (`--mesh-token-file FILE` or `MOEMESH_MESH_TOKEN`;
+`moemesh up` says where its token file is) and, when it serves mTLS, `--tls-cert/--tls-key/--tls-ca`.
 Each prints a table, or with `--json` the response as one JSON object (proto field names).
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import math
 
 from moemesh.cli.checks import check_address, check_timeout
+from moemesh.cli.client_args import ControlClientArgs, add_client_arguments, client_args
 
 TIMEOUT_S = 300.0  # a switch loads experts from the checkpoint: allow it time
 
@@ -27,6 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--addr", required=True, metavar="HOST:PORT", help="the control plane (moemesh up prints control=HOST:PORT)")
     p.add_argument("--json", action="store_true", help="print the response as JSON")
     p.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S", help="give up on the call after S seconds")
+    add_client_arguments(p, ControlClientArgs)
     sub = p.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
     json_flag = argparse.ArgumentParser(add_help=False)
     json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the response as JSON")
@@ -40,6 +45,8 @@ def register(subparsers) -> None:
     s.add_argument("--layer", type=int, default=None, metavar="L", help="one MoE layer (default: all)")
     d = sub.add_parser("drain", parents=[json_flag], help="move a server's experts away so it can leave")
     d.add_argument("server_id", metavar="SERVER_ID", help="e.g. expert-1 (see status)")
+    u = sub.add_parser("undrain", parents=[json_flag], help="a draining server serves again and gets experts back")
+    u.add_argument("server_id", metavar="SERVER_ID", help="e.g. expert-1 (see status)")
     p.set_defaults(func=run)
 
 
@@ -48,13 +55,14 @@ def run(ns: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
 
     from moemesh.contracts.wire import control_grpc, control_pb2
+    from moemesh.rpc.server import make_sync_channel
 
     check_address("--addr", ns.addr)
     check_timeout("--timeout", ns.timeout)
     if ns.ctl_command == "set":
         check_knobs(ns)
-    # a refused or failed call reaches moemesh.cli.main, which prints it as one line
-    with grpc.insecure_channel(ns.addr) as channel:
+    # a bad flag or a refused or failed call reaches moemesh.cli.main, which prints it as one line
+    with make_sync_channel(ns.addr, client_args(ControlClientArgs, ns).rpc()) as channel:
         resp = call(control_grpc.ControlServiceStub(channel), control_pb2, ns)
     if ns.json:
         print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)))
@@ -86,6 +94,8 @@ def call(stub, pb, ns: argparse.Namespace):
     if ns.ctl_command == "set":
         req = pb.SetKnobsRequest(top_k=ns.top_k, capacity_factor=ns.capacity_factor, layer=ns.layer)
         return stub.SetKnobs(req, timeout=t)
+    if ns.ctl_command == "undrain":
+        return stub.Undrain(pb.UndrainRequest(id=ns.server_id), timeout=t)
     return stub.Drain(pb.DrainRequest(id=ns.server_id), timeout=t)
 
 
@@ -122,6 +132,8 @@ def render(command: str, resp) -> str:
         return f"{head}\nbalancedness {resp.balancedness_before:.3f} -> {resp.balancedness_after:.3f}, {resp.moves} expert copies moved"
     if command == "set":
         return f"placement v{resp.placement_version} carries knobs: {knobs_from_proto(resp.knobs).describe()}"
+    if command == "undrain":
+        return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'placed on it again' if resp.placing else 'not placed (nothing to place, or no placement yet)'}"
     return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'moving away' if resp.moving else 'not moved (none held, or no room elsewhere)'}"
 
 

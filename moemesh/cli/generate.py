@@ -7,6 +7,7 @@ import json
 import sys
 
 from moemesh.cli.checks import check_address, check_timeout
+from moemesh.cli.client_args import RouterClientArgs, add_client_arguments, client_args
 from moemesh.cli.prompt_args import PromptArgs
 from moemesh.svc_config import add_arguments, from_sources
 
@@ -21,6 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="", help="model name to ask for (default: whatever the mesh serves)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline for the whole request")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_client_arguments(p, RouterClientArgs)
     p.set_defaults(func=run)
 
 
@@ -33,16 +35,14 @@ def run(ns: argparse.Namespace) -> int:
     """Errors (bad flags, a refused or failed call) reach `moemesh.cli.main`, which prints one line."""
     check_address("--addr", ns.addr)
     check_timeout("--timeout", ns.timeout)
-    return generate(ns, prompt_args(ns))
+    return generate(ns, prompt_args(ns), client_args(RouterClientArgs, ns))
 
 
-def generate(ns: argparse.Namespace, args: PromptArgs) -> int:
-    import grpc
-
-    from moemesh.rpc.config import RpcConfig
+def generate(ns: argparse.Namespace, args: PromptArgs, client: RouterClientArgs) -> int:
+    from moemesh.rpc.server import make_sync_channel
     from moemesh.rpc.generation import Completion, build_request, pb, pb_grpc
 
-    with grpc.insecure_channel(ns.addr, options=RpcConfig().channel_options()) as channel:
+    with make_sync_channel(ns.addr, client.rpc(), api_key=client.api_key) as channel:
         stub = pb_grpc.GenerationStub(channel)
         ids = args.token_ids
         prompt = {"prompt_token_ids": ids} if ids is not None else {"prompt": args.prompt}

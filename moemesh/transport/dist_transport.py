@@ -18,7 +18,7 @@ from torch import Tensor
 from moemesh.rpc.config import RpcConfig
 from moemesh.transport.base import ExpertServerError, PeerInfo, rpc_error, settle
 from moemesh.transport.dist_frames import ForwardCall
-from moemesh.transport.dist_link import DistLink, connect_store, host_id, open_link, split_addr
+from moemesh.transport.dist_link import DistLink, LinkBroken, connect_store, host_id, open_link, split_addr
 from moemesh.transport.grpc_transport import GrpcTransport, expert_pb2
 from moemesh.transport.link_client import LinkClient
 
@@ -83,8 +83,8 @@ class DistTransport:
             self._store = connect_store(resp.store_addr, self.timeout_s)
         host, _ = split_addr(resp.store_addr, "store_addr")
         try:
-            return open_link(self._store, resp.link_id, resp.client_rank, resp.backend, host, device, self.timeout_s)
-        except (RuntimeError, ValueError) as e:
+            return open_link(self._store, resp.link_id, resp.client_rank, resp.backend, host, device, self.timeout_s, resp.link_secret)
+        except (RuntimeError, ValueError, LinkBroken) as e:
             raise ExpertServerError(self.server_id, self.peer.address, f"UNAVAILABLE: cannot form the dist link: {e}", grpc.StatusCode.UNAVAILABLE) from None
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
+from moemesh.rpc.server import make_sync_channel
 from moemesh.transport.base import ExpertServerError, PeerInfo
 from moemesh.transport.codec import CodecError, decode, encode
 from moemesh.transport.forward_stream import ForwardStream
@@ -37,7 +38,7 @@ class GrpcTransport:
             if self._stub is None:
                 if not self.peer.address or ":" not in self.peer.address:
                     raise ValueError(f"address must be host:port, got {self.peer.address!r}")
-                self._channel = grpc.insecure_channel(self.peer.address, options=self.rpc.channel_options())
+                self._channel = make_sync_channel(self.peer.address, self.rpc)
                 self._stub = expert_grpc.ExpertServiceStub(self._channel)
             return self._stub
 

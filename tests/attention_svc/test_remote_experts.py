@@ -23,6 +23,7 @@ from moemesh.transport.dist_link import host_id
 from moemesh.transport.dist_transport import DistTransport, open_transport
 from moemesh.transport.grpc_transport import GrpcTransport
 from tests.expert_svc.fixtures import all_weights, loop, moe_dir, routed_rows, running_expert_servers  # noqa: F401
+from tests.fixtures.auth import TEST_RPC, token_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,7 +147,7 @@ def test_remote_equals_local_over_real_servers(moe_dir, loop, transport, n_serve
         placement = round_robin_placement(cfg.moe_layers, 8, [(s, 0) for s in ids], version=1)
         if n_servers > 1:
             placement = Placement(1, {**placement.replicas, 1: tuple((ids[e % n_servers], ids[(e + 1) % n_servers]) for e in range(8))})
-        transport_for = functools.partial(open_transport, mode=transport, rpc=RpcConfig(), timeout_s=20)
+        transport_for = functools.partial(open_transport, mode=transport, rpc=TEST_RPC, timeout_s=20)
         remote = RemoteExperts(placement, infos, transport_for)
         try:
             kinds = {type(t).__name__ for _, t in remote._transports.values()}
@@ -162,7 +163,7 @@ def test_unknown_expert_on_a_server_surfaces_as_failed_precondition(moe_dir, loo
         info = ServerInfo("only", srv.address, host_id=srv.dist.host_id, dist_addr=srv.dist.addr)
         x, ids, counts = routed_rows(6, [0, 4])
         for make in (GrpcTransport, DistTransport):
-            t = make(info, RpcConfig(), timeout_s=20)
+            t = make(info, TEST_RPC, timeout_s=20)
             try:
                 with pytest.raises(ExpertServerError, match=r"expert server only .*FAILED_PRECONDITION.*experts \[4\]"):
                     t.forward(0, x, ids, counts).result(30)
@@ -187,7 +188,7 @@ def test_auto_picks_dist_only_on_this_node(loop):
 
 
 def start_server_process(moe_dir):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(token_env(), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "expert_svc", "--model-dir", str(moe_dir), "--preload", "all", "--transport", "dist"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -210,7 +211,7 @@ def test_dist_transport_across_processes(moe_dir, loop):
             procs.append(start_server_process(moe_dir))
         infos = {f"s{i}": ServerInfo(f"s{i}", addr, host_id=host_id(), dist_addr=dist) for i, (_, addr, dist) in enumerate(procs)}
         placement = round_robin_placement(cfg.moe_layers, 8, [(s, 0) for s in sorted(infos)], version=1)
-        remote = RemoteExperts(placement, infos, lambda peer: DistTransport(peer, RpcConfig(), timeout_s=20))
+        remote = RemoteExperts(placement, infos, lambda peer: DistTransport(peer, TEST_RPC, timeout_s=20))
         try:
             check_equals_local(remote, moe_dir, cfg, weights)
         finally:
@@ -232,7 +233,7 @@ def test_dist_link_to_a_killed_server_fails_fast(moe_dir, loop):
     timeout, and so does the one after it (which tries to open a new link)."""
     cfg, weights = all_weights(moe_dir)
     proc, addr, dist = start_server_process(moe_dir)
-    t = DistTransport(ServerInfo("s0", addr, host_id=host_id(), dist_addr=dist), RpcConfig(), timeout_s=20)
+    t = DistTransport(ServerInfo("s0", addr, host_id=host_id(), dist_addr=dist), TEST_RPC, timeout_s=20)
     try:
         x, ids, counts = routed_rows(8, [1, 6])
         torch.testing.assert_close(t.forward(1, x, ids, counts).result(30), grouped_expert_mlp(x, ids, counts, weights[1]))
@@ -258,7 +259,7 @@ def test_bf16_rows_travel_bit_exactly(moe_dir, loop, make):
         info = ServerInfo("only", srv.address, host_id=srv.dist.host_id, dist_addr=srv.dist.addr)
         x, ids, counts = routed_rows(9, [1, 6])
         x = x.to(torch.bfloat16)
-        t = make(info, RpcConfig(), timeout_s=20)
+        t = make(info, TEST_RPC, timeout_s=20)
         try:
             y = t.forward(1, x, ids, counts).result(30)
         finally:

@@ -13,12 +13,13 @@ from kernels import grouped_expert_mlp
 from moemesh.contracts.placement import Placement
 from moemesh.engine import EngineConfig
 from tests.expert_svc.fixtures import all_weights, routed_rows, running_expert_servers
+from tests.fixtures.auth import TEST_RPC
 
 
 @contextmanager
 def running_control(moe_dir, loop):
     """A started control plane expecting two expert servers (heartbeats every 0.1 s)."""
-    cfg = ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0)
+    cfg = ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0, rpc=TEST_RPC)
     control, _ = loop.run(create_server(cfg), 30)
     loop.run(control.start(), 30)
     try:
@@ -28,7 +29,7 @@ def running_control(moe_dir, loop):
 
 
 def attention_config(model_dir, control_addr: str, transport: str) -> AttentionConfig:
-    return AttentionConfig(EngineConfig(str(model_dir)), control_addr=control_addr, transport=transport)
+    return AttentionConfig(EngineConfig(str(model_dir)), control_addr=control_addr, transport=transport, rpc=TEST_RPC)
 
 
 def test_initial_placement_then_live_switch(moe_dir, loop):

@@ -15,6 +15,7 @@ from moemesh.models.registry import load_model_config
 from moemesh.moe.expert_loader import load_expert_weights
 from tests.fixtures.loop_thread import LoopThread
 from tests.fixtures.checkpoints import make_tiny_checkpoint
+from tests.fixtures.auth import TEST_RPC
 
 NUM_EXPERTS = 8
 HIDDEN = 64
@@ -54,7 +55,7 @@ def running_expert_servers(model_dir: Path, n: int, loop: LoopThread, **override
     parts = []
     try:
         for _ in range(n):
-            cfg = ExpertServerConfig(model_dir=str(model_dir), **overrides)
+            cfg = ExpertServerConfig(model_dir=str(model_dir), **{"rpc": TEST_RPC, **overrides})
             p, _ = loop.run(create_server(cfg), 60)  # an aio server belongs to the loop it is built in
             parts.append(p)
             loop.run(p.start(), 30)

@@ -11,11 +11,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode, encode
 from tests.expert_svc.fixtures import routed_rows, running_expert_servers
+from tests.fixtures.auth import TEST_RPC, token_env
 
 expert_pb2, expert_grpc = load("expert")
 control_pb2, control_grpc = load("control")
@@ -39,7 +39,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
         encode(x, out=req.x)
 
         async def scenario():
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 call = asyncio.ensure_future(expert_grpc.ExpertServiceStub(ch).Forward(req, timeout=20))
                 while srv.shard.stats.in_flight == 0:
                     await asyncio.sleep(0.01)
@@ -57,7 +57,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
         assert y.shape == x.shape
 
         async def after():
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 await expert_grpc.ExpertServiceStub(ch).GetStats(expert_pb2.GetStatsRequest(), timeout=2)
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -66,7 +66,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
 
 
 def spawn(args):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(token_env(), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if " serving " not in line:
@@ -96,7 +96,7 @@ def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
         server_id = words[-1].removeprefix("id=")
 
         async def placement_version():
-            async with make_channel(control_addr, RpcConfig()) as ch:
+            async with make_channel(control_addr, TEST_RPC) as ch:
                 stub = control_grpc.ControlServiceStub(ch)
                 for _ in range(200):
                     p = await stub.GetPlacement(control_pb2.GetPlacementRequest())
@@ -111,7 +111,7 @@ def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
         assert time.monotonic() - started < 5 + 5
 
         async def known():
-            async with make_channel(control_addr, RpcConfig()) as ch:
+            async with make_channel(control_addr, TEST_RPC) as ch:
                 return (await control_grpc.ControlServiceStub(ch).Heartbeat(control_pb2.HeartbeatRequest(id=server_id))).known
 
         assert loop.run(known(), 10) is False  # deregistered
@@ -137,7 +137,7 @@ def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(mo
             x, ids, counts = routed_rows(rows, [1, 2])
             req = expert_pb2.ForwardRequest(layer=0, expert_ids=ids.tolist(), counts=counts.tolist())
             encode(x, out=req.x)
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 y = decode((await expert_grpc.ExpertServiceStub(ch).Forward(req, timeout=20)).y)
             assert y.shape == x.shape
 
@@ -155,7 +155,7 @@ def test_drain_does_not_wait_out_an_idle_forward_stream(moe_dir, loop):
 
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
-        t = GrpcTransport(peer, RpcConfig(), timeout_s=20)
+        t = GrpcTransport(peer, TEST_RPC, timeout_s=20)
         try:
             x, ids, counts = routed_rows(4, [1])
             t.forward(0, x, ids, counts).result(30)  # the stream is open and idle now

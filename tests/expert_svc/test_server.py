@@ -5,18 +5,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from kernels import grouped_expert_mlp
-from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode, encode
 from tests.expert_svc.fixtures import all_weights, routed_rows, running_expert_servers
+from tests.fixtures.auth import TEST_RPC
 
 expert_pb2, expert_grpc = load("expert")
 
 
 def call(loop, port, method, request, **kw):
     async def go():
-        async with make_channel(f"127.0.0.1:{port}", RpcConfig()) as ch:
+        async with make_channel(f"127.0.0.1:{port}", TEST_RPC) as ch:
             return await getattr(expert_grpc.ExpertServiceStub(ch), method)(request, timeout=20, **kw)
 
     return loop.run(go(), 30)
@@ -93,7 +93,7 @@ def test_garbage_requests_are_invalid_argument(moe_dir, loop, mutate, match):
 def test_health_and_reflection(moe_dir, loop):
     with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
         async def go():
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="moemesh.v1.ExpertService"))
                 names = []
                 async for resp in reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
