@@ -17,6 +17,7 @@ from attention_svc.server import create_server
 from moemesh.engine import EngineConfig
 from moemesh.errors import ServiceFailed
 from moemesh.rpc.protos import load
+from tests.fixtures.auth import TEST_RPC, aio_channel, token_env
 
 att_pb, att_grpc = load("attention")
 
@@ -29,11 +30,11 @@ async def health(channel) -> int:
 @pytest.mark.parametrize("how", ["cancelled", "raises"])
 def test_a_dead_step_loop_turns_health_not_serving_and_ends_its_streams(tiny_model_dir, how):
     async def main():
-        cfg = AttentionConfig(engine=EngineConfig(model_dir=str(tiny_model_dir), kv_cache_tokens=512))
+        cfg = AttentionConfig(engine=EngineConfig(model_dir=str(tiny_model_dir), kv_cache_tokens=512), rpc=TEST_RPC)
         server, port = await create_server(cfg)
         await server.start()
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            async with aio_channel(f"127.0.0.1:{port}") as ch:
                 assert await health(ch) == health_pb2.HealthCheckResponse.SERVING
                 stub = att_grpc.AttentionStub(ch)
                 call = stub.Generate(att_pb.SequenceRequest(request_id="s", prompt_token_ids=[5, 6], max_new_tokens=200,
@@ -77,7 +78,7 @@ def test_the_process_exits_non_zero_when_its_step_loop_ends(tiny_model_dir):
         from moemesh.cli.main import main
         sys.exit(main(["serve", "attention", "--model-dir", {str(tiny_model_dir)!r}, "--kv-cache-tokens", "512"]))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=token_env())
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last == "moemesh serve attention: error: attention: the engine step loop stopped (RuntimeError: broken on purpose)"

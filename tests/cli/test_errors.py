@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from moemesh.cli.main import main
+from tests.fixtures.auth import TEST_TOKEN, token_env
 from tests.fixtures.checkpoints import make_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,6 +202,7 @@ def test_other_commands_bad_flags(capsys, monkeypatch, argv, needle):
         raise AssertionError("a bad flag got as far as starting the service")
 
     monkeypatch.setattr(moemesh.rpc.server, "serve_process", must_not_serve)
+    monkeypatch.setenv("MOEMESH_MESH_TOKEN", TEST_TOKEN)  # so that the flag under test is what is wrong
     line = one_error_line(capsys, argv)
     assert needle in line, line
 
@@ -236,7 +238,8 @@ def test_a_mesh_that_cannot_be_reached_is_one_line_status_1(capsys):
 def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path, broken, argv, needle):
     subs = {"missing": str(tmp_path / "missing"), "list": str(broken["list"])}
     argv = [a.format(**subs) for a in argv]
-    proc = subprocess.run([sys.executable, "-m", "moemesh.cli.main", *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "moemesh.cli.main", *argv], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=token_env())
     assert proc.returncode in (1, 2), proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
