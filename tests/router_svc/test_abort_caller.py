@@ -8,7 +8,7 @@ from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.security import SecurityConfig, api_key_credential
 from moemesh.rpc.server import Service, build_server, make_channel
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from router_svc.servicer import SERVICE_NAME, GenerationServicer, add_to_server
 from router_svc.types import GenerationInput
 from tests.fixtures.auth import make_pki
