@@ -248,7 +248,14 @@ class ControlPlane:
 
     def _fail_over(self, server_id: str, why: str) -> None:
         log.warning("expert server %s is dead (%s): moving its experts away", server_id, why)
-        self._background(self._evacuate(server_id), f"failover of {server_id}", lambda: None)
+
+        async def evacuate_and_forget() -> None:
+            try:
+                await self._evacuate(server_id)
+            finally:
+                await self.ops.forget(server_id)  # its channel (and reconnect backoff) goes with it
+
+        self._background(evacuate_and_forget(), f"failover of {server_id}", lambda: None)
 
     async def report_failure(self, server_id: str, detail: str) -> bool:
         """An attention replica could not reach `server_id`. Probe it; when it does not answer

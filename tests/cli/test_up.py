@@ -161,21 +161,24 @@ def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
     assert "--expert-servers must be >= 1" in out.stderr
 
 
+KEY = "gateway-and-router-key-0123"  # the API key guards both public doors
+
+
 def test_up_with_http_port_starts_the_gateway(tiny_model_dir, tmp_path):
     import httpx
 
     proc, router, control, http = start_up(tiny_model_dir, tmp_path, "--expert-servers", "1", "--http-port", "0",
-                                           "--api-key", "k1", line=HTTP_LINE)
+                                           "--api-key", KEY, line=HTTP_LINE)
     try:
         children = descendants(proc.pid)
         gateway = [c for c in children if "gateway" in c.cmdline()]
-        assert len(gateway) == 1 and "k1" not in " ".join(gateway[0].cmdline())  # the key travels in the environment
+        assert len(gateway) == 1 and KEY not in " ".join(gateway[0].cmdline())  # the key travels in the environment
         assert httpx.get(f"http://{http}/health").status_code == 200
         body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
         assert httpx.post(f"http://{http}/v1/chat/completions", json=body).status_code == 401
-        r = httpx.post(f"http://{http}/v1/chat/completions", json=body, headers={"Authorization": "Bearer k1"}, timeout=120)
+        r = httpx.post(f"http://{http}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-        assert httpx.get(f"http://{http}/api/mesh", headers={"x-api-key": "k1"}).json()["available"]  # --control is passed on
+        assert httpx.get(f"http://{http}/api/mesh", headers={"x-api-key": KEY}).json()["available"]  # --control is passed on
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert_all_gone(children)

@@ -42,6 +42,9 @@ class FakeOps:
         if server.server_id in self.down:
             raise ConnectionError("refused")
 
+    async def forget(self, server_id):
+        self.held.pop(server_id, None)
+
 
 def stats(tokens: dict[tuple[int, int], int]):
     return expert_pb2.ExpertStats(loads=[expert_pb2.ExpertLoad(layer=l, expert_id=e, tokens=n) for (l, e), n in tokens.items()])
