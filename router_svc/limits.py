@@ -11,15 +11,14 @@ an oversized request is refused before any work is spent on it.
   fit the context is never refused, for every tokenizer that does not delete text or map a whole
   unknown word to one token (a normalizer that drops control characters, or a WordPiece `[UNK]`,
   would let a prompt padded with such text be refused although its tokens fit). The demo model
-  (context 8192, no normalizer, longest entry 162 bytes): 1.3 MB.
+  (context 8192, no normalizer, longest entry 162 bytes): 1,327,104 bytes.
 - **Token ids**: at most `max_context` of them; on the wire at most `ID_WIRE_BYTES` each.
 - **Chat messages**: at most `max_context` of them (every message takes at least one token).
 - **The whole message**: one input (text, messages or ids) plus the stop strings plus
   `SMALL_FIELDS_BYTES` for the rest (ids, sampling, up to 256 stop token ids, framing). This is the
   public server's max receive size: gRPC refuses a longer message with RESOURCE_EXHAUSTED from its
-  length prefix, before buffering it (measured with a bare grpc.aio server: a 100 MB request
-  refused that way costs nothing, while receiving it to answer OUT_OF_RANGE took 200 MB and left
-  160 MB held).
+  length prefix, before buffering it; receiving it to answer OUT_OF_RANGE instead would cost about
+  twice its size in memory, much of it held afterwards (docs/architecture.md).
 """
 from __future__ import annotations
 

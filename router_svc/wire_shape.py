@@ -2,8 +2,8 @@
 than any valid request has, before protobuf parses it.
 
 Parsing builds an object per entry: a few bytes on the wire per empty stop string, token id, chat
-message or tool call become 16-60 bytes each in memory (9 MB of empty chat messages took 290 MB to
-parse), and the router would then walk them in Python. This walks the wire format instead and stops
+message or tool call become tens of bytes each in memory (docs/architecture.md, "Failure model and
+limits"), and the router would then walk them in Python. This walks the wire format instead and stops
 as soon as a count is over its limit, so the cost is bounded by the limits, not by the message. A
 malformed message is left to the parser, which reports it.
 """

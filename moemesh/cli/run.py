@@ -84,6 +84,8 @@ def generate(cfg: RunConfig) -> int:
     reason = None
     while reason is None:
         for out in engine.step():
+            if out.error is not None:  # the sequence failed (non-finite logits): one line from moemesh.cli.main
+                raise out.error
             tokens.append(out.token_id)
             logprobs.append(out.logprob)
             if out.prompt_logprobs is not None:

@@ -244,3 +244,16 @@ def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path, broken, argv
     assert "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"moemesh serve {argv[1]}: error: ") and needle.format(**subs) in last, proc.stderr
+
+
+def test_run_a_sequence_that_fails_is_one_line_status_1(capsys, model, monkeypatch):
+    import math
+
+    import torch
+
+    from moemesh.engine import LLMEngine
+
+    run = LLMEngine._run
+    monkeypatch.setattr(LLMEngine, "_run", lambda self, slices: [torch.full_like(r, math.nan) for r in run(self, slices)])
+    line = one_error_line(capsys, ["run", "--model", str(model), "--prompt-ids", "5,6"], status=1)
+    assert "logits: " in line
