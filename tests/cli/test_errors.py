@@ -247,8 +247,6 @@ def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path, broken, argv
 
 
 def test_run_a_sequence_that_fails_is_one_line_status_1(capsys, model, monkeypatch):
-    import math
-
     import torch
 
     from moemesh.engine import LLMEngine
