@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         import grpc
 
-        if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
-            return fail(used.prog, f"{exc.code().name}: {exc.details()}", rpc_exit_status(exc.code()))
+        if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):  # the mesh's message names the field: here, its flag
+            return fail(used.prog, f"{exc.code().name}: {name_the_flag(exc.details() or '', used)}", rpc_exit_status(exc.code()))
         return fail(used.prog, f"{type(exc).__name__}: {exc}", 1)
 
 
