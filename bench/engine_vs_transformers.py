@@ -167,9 +167,15 @@ def step_matrices(engine) -> list[torch.Tensor]:
     mats = []
     for lyr in engine.model.layers:
         mats += [t for t in (lyr.attn.qkv, lyr.attn.o, lyr.router, lyr.mlp_gate_up, lyr.mlp_down) if t is not None]
-    for cat in getattr(engine.experts, "concatenated", {}).values():
+    for cat in concatenated_experts(engine):
         mats += [cat.gate_up, cat.down]
     return mats + [engine.model.lm_head]
+
+
+def concatenated_experts(engine) -> list:
+    """The in-process experts' concatenated layouts (`LayerExperts.concatenated`), where held."""
+    layers = getattr(engine.experts, "layers", {}).values()
+    return [lx.concatenated for lx in layers if lx.concatenated is not None]
 
 
 def matmul_floor_cpu_s(engine, rows: int, repeats: int = 3) -> float:
@@ -189,7 +195,7 @@ def matmul_floor_cpu_s(engine, rows: int, repeats: int = 3) -> float:
 
 
 def expert_bytes(engine) -> int:
-    return sum(w.nbytes for w in engine.experts.weights.values())
+    return sum(lx.weights.nbytes for lx in engine.experts.layers.values())
 
 
 def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: float) -> None:
@@ -221,7 +227,7 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
     best = {k: Rate(max(r.wall for r in v), max(r.cpu for r in v), min(r.step_s for r in v)) for k, v in runs.items()}
     bytes_per_step = engine.model.weight_bytes() + expert_bytes(engine)
     achieved = bytes_per_step / best["e1"].step_s / 1e9
-    packed = any(c.gate_up.is_mkldnn for c in getattr(engine.experts, "concatenated", {}).values())
+    packed = any(c.gate_up.is_mkldnn for c in concatenated_experts(engine))
     print(f"\n[{dtype_name}] {model_dir} (packed expert copy: {'yes' if packed else 'no'})")
     print(f"{'case':<16}{'moemesh tok/s':>15}{'transformers':>14}{'ratio':>7}   {'moemesh tok/CPU-s':>18}{'transformers':>14}{'ratio':>7}")
     for key, label in (("1", "batch 1"), ("n", f"{cfg.concurrent} concurrent")):

@@ -68,7 +68,7 @@ async def run(cfg: ExpertServerConfig, stop: asyncio.Event) -> None:
         await parts.server.stop(0)
 
 
-STOP_GRACE_S = 1.0  # after the drain, the grace of calls other than Forward
+STOP_GRACE_S = 1.0  # after the drain, the grace of calls other than expert calls
 
 
 async def drain(parts: ExpertServerParts, agent: ControlAgent | None, timeout_s: float) -> None:
@@ -84,7 +84,7 @@ async def drain(parts: ExpertServerParts, agent: ControlAgent | None, timeout_s:
         await asyncio.sleep(0.02)
     if agent:
         await agent.deregister()
-    # Forward calls are done (or out of time); what is left is open ForwardStreams, which never end on
+    # expert calls are done (or out of time); what is left is open ForwardStreams, which never end on
     # their own, and short calls (stats, health): give those a moment, not the whole drain timeout
     await parts.server.stop(min(STOP_GRACE_S, max(0.0, deadline - loop.time())))
     log.info("drained: %d calls still in flight at stop", parts.shard.stats.in_flight)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -16,6 +17,7 @@ from expert_svc.servicer import ExpertServicer, expert_grpc
 from expert_svc.shard import ExpertShard
 from moemesh.rpc.server import MeshServer, Service, build_server
 from moemesh.telemetry import GpuTelemetry, MetricsServer, ServiceMetrics
+from moemesh.transport.base import ExpertRequest
 
 SERVICE_NAME = "moemesh.v1.ExpertService"
 
@@ -46,6 +48,19 @@ def select_device(spec: str) -> torch.device:
     return device
 
 
+def counted(shard: ExpertShard) -> Callable[[ExpertRequest], torch.Tensor]:
+    """shard.forward, counted as in flight while it runs (the dist links' handler; the gRPC servicer
+    counts its calls itself)."""
+    def forward(req: ExpertRequest) -> torch.Tensor:
+        shard.stats.enter()
+        try:
+            return shard.forward(req)
+        finally:
+            shard.stats.leave()
+
+    return forward
+
+
 def build_expert_server(cfg: ExpertServerConfig) -> ExpertServerParts:
     device = select_device(cfg.device)
     gpu = GpuTelemetry.for_device(cfg.device)
@@ -54,11 +69,11 @@ def build_expert_server(cfg: ExpertServerConfig) -> ExpertServerParts:
     shard.stats.metrics = metrics  # queue depth and busy time mirrored into /metrics
     if cfg.preload == "all":
         shard.load_all()
-    dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s, cfg.rpc.max_message_bytes) if cfg.offers_dist else None
+    dist = None
+    if cfg.offers_dist:
+        dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s, cfg.rpc.max_message_bytes, handler=counted(shard))
     pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
-    servicer = ExpertServicer(
-        shard, pool, cfg.rpc.max_message_bytes, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0
-    )
+    servicer = ExpertServicer(shard, pool, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0)
     server = build_server(cfg.rpc, Service(expert_grpc.add_ExpertServiceServicer_to_server, servicer, SERVICE_NAME))
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     server.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))

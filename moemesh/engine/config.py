@@ -21,8 +21,9 @@ class EngineConfig:
     moe_top_k / capacity_factor: initial MoE knobs (None = the model's top-k; 0 = dropless).
     num_threads: torch intra-op threads (None = leave torch's default).
     pack_experts: also hold a oneDNN-packed copy of the experts for steps that route every token to
-    every expert (CPU: bfloat16, or float32 with >= 2 threads); None = when it takes at most a quarter
-    of the memory available at load (see moe.local_experts.pack_by_default).
+    every expert (CPU: bfloat16, or float32 with >= 2 threads); None = when the model's own top-k is its
+    number of experts and the copy takes at most a quarter of the memory available at load (see
+    moe.layer_experts.pack_by_default).
     device: where weights, KV cache and step tensors live: "cpu", "cuda" (the current CUDA device) or "cuda:N"."""
 
     model_dir: str

@@ -1,22 +1,22 @@
 """Control plane + expert servers (registered through their ControlAgent) + an attention replica's
-RemoteExperts following the placement: the initial placement and one live switch, end to end."""
+RemoteExperts following the placement through its ControlFollower: the initial placement and one
+live switch, end to end."""
 import asyncio
 import functools
 
 import torch
 
+from attention_svc.control_follower import ControlFollower
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.client import AttentionControlClient
 from control_svc.config import ControlConfig
 from control_svc.placement.types import Placement
 from control_svc.server import build_control_server
 from expert_svc.control_agent import ControlAgent
 from expert_svc.serve import server_info
 from expert_svc.servicer import stats_message
-from kernels import grouped_expert_mlp
 from moemesh.rpc.config import RpcConfig
 from moemesh.transport.dist_transport import open_transport
-from tests.expert_svc.fixtures import all_weights, in_loop, routed_rows, running_expert_servers
+from tests.expert_svc.fixtures import all_weights, in_loop, plan_expected, routed_plan, running_expert_servers
 
 
 def test_initial_placement_then_live_switch(moe_dir, loop):
@@ -29,18 +29,17 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
                 agents = [ControlAgent(control.address, RpcConfig(), server_info(p), lambda p=p: stats_message(p.shard)) for p in experts]
                 for a in agents:
                     await a.register()
-                client = AttentionControlClient(control.address, RpcConfig())
-                await client.register("127.0.0.1:9")
-                placement, servers = await client.wait_placement(20)
-                return agents, client, placement, servers
+                follower = ControlFollower(control.address, RpcConfig())
+                placement, servers = await follower.first_placement(20)
+                return agents, follower, placement, servers
 
-            agents, client, placement, servers = loop.run(register_all(), 30)
+            agents, follower, placement, servers = loop.run(register_all(), 30)
             assert placement.version == 1 and set(servers) == {a.server_id for a in agents}
             remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="auto", rpc=RpcConfig()))
-            follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
-            x, ids, counts = routed_rows(30, list(range(8)))
+            loop.run(follower.start(remote, "127.0.0.1:9"), 30)
+            x, plan = routed_plan(30, top_k=2)
             for layer in cfg.moe_layers:
-                torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
+                torch.testing.assert_close(remote.submit(layer, x, plan).result(20), plan_expected(x, plan, weights[layer]))
 
             # live switch: every expert of every layer moves to the first server
             first = agents[0].server_id
@@ -55,15 +54,14 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
             assert experts[0].shard.held() == {l: tuple(range(8)) for l in cfg.moe_layers}
             assert experts[1].shard.held() == {}  # old copies dropped
             for layer in cfg.moe_layers:
-                torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
-            follow.cancel()
+                torch.testing.assert_close(remote.submit(layer, x, plan).result(20), plan_expected(x, plan, weights[layer]))
             remote.close()
 
             async def close_all():
                 for a in agents:
                     await a.deregister()
                     await a.close()
-                await client.close()
+                await follower.close()
 
             loop.run(close_all(), 20)
             assert control.plane.registry.experts == {}
@@ -90,22 +88,21 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
                 agents = [ControlAgent(control.address, RpcConfig(), server_info(p), lambda p=p: stats_message(p.shard)) for p in experts]
                 for a in agents:
                     await a.register()
-                client = AttentionControlClient(control.address, RpcConfig())
-                await client.register("127.0.0.1:9")
-                return agents, client, *(await client.wait_placement(20))
+                follower = ControlFollower(control.address, RpcConfig())
+                return agents, follower, *(await follower.first_placement(20))
 
-            agents, client, placement, servers = loop.run(setup(), 30)
+            agents, follower, placement, servers = loop.run(setup(), 30)
             remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode="grpc", rpc=RpcConfig()))
-            follow = loop.submit(client.follow(remote.set_placement, lambda: remote.adopted_version))
+            loop.run(follower.start(remote, "127.0.0.1:9"), 30)
             stop, errors, steps = threading.Event(), [], [0]
-            x, ids, counts = routed_rows(24, list(range(8)))
+            x, plan = routed_plan(24, top_k=2)
 
             def attention_steps():
                 while not stop.is_set():
                     for layer in cfg.moe_layers:  # one step: every MoE layer in order
                         try:
-                            y = remote.submit(layer, x, ids, counts).result(20)
-                            torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[layer]))
+                            y = remote.submit(layer, x, plan).result(20)
+                            torch.testing.assert_close(y, plan_expected(x, plan, weights[layer]), rtol=1e-5, atol=1e-5)
                         except Exception as e:  # noqa: BLE001 - collected and asserted on below
                             errors.append(e)
                     steps[0] += 1
@@ -130,14 +127,13 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
             assert experts[1].shard.held() == {}
             assert experts[0].shard.held() == {l: tuple(range(8)) for l in cfg.moe_layers}
             assert agents[1].server_id not in control.plane.registry.experts
-            follow.cancel()
             remote.close()
 
             async def close_all():
                 await agents[0].deregister()
                 for a in agents:
                     await a.close()
-                await client.close()
+                await follower.close()
 
             loop.run(close_all(), 20)
     finally:
