@@ -3,11 +3,12 @@
 Shape legend: T tokens, N rows (kept token-expert pairs) grouped by expert, G experts with rows,
 H hidden; per server s: T_s tokens it needs, N_s rows, G_s experts.
 
-`submit(layer, x, plan)` splits the plan's rows by the current `Placement` (`split_plan`), sends each
-expert server the tokens it needs once with, per row, the token's index and the row's combine weight
-(`ExpertRequest`, through that server's transport, all servers at once), and adds the servers'
-weighted partial sums into [T, H] in a fixed server order, in float32: the result does not depend on
-which server answers first. A token whose kept experts share a server crosses the wire once each way.
+`submit(layer, x, plan)` splits the plan's rows by the current `Placement` (`expert_split`), sends
+each expert server the tokens it needs once with, per row, the token's index and the row's combine
+weight (`ExpertRequest`, through that server's transport, all servers at once), and adds the servers'
+weighted partial sums into [T, H] in a fixed server order, in float32 (`partial_sum`): the result
+does not depend on which server answers first. A token whose kept experts share a server crosses the
+wire once each way.
 
 Placement changes: `set_placement(p, servers)` stages version N+1; it is adopted by `begin_step()`
 (the step loop calls it between engine steps) or, automatically, when a new forward pass starts
@@ -33,13 +34,14 @@ import time
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import grpc
 import torch
 from torch import Tensor
 
 from control_svc.placement.types import Placement
+from attention_svc.expert_split import LayerCopies, ServerPart, partial_sum, split_plan
 from moemesh.errors import MeshError
 from moemesh.moe.dispatch import DispatchPlan
 from moemesh.transport.base import ExpertRequest, ExpertTransport, PeerInfo, settle
@@ -48,60 +50,6 @@ log = logging.getLogger(__name__)
 
 # errors that say "this request was wrong", not "this server is gone": never retried
 NOT_RETRIED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
-
-
-@dataclass(frozen=True)
-class ServerPart:
-    """What one expert server computes of one layer call."""
-
-    server_id: str
-    tokens: Tensor | None  # [T_s] int64 rows of x the server needs, ascending; None: all T, in order
-    token_idx: Tensor  # [N_s] int32 row -> index into the server's tokens
-    weights: Tensor  # [N_s] float32 combine weight of each row
-    expert_ids: Tensor  # [G_s] int64 logical experts, each once, ascending
-    counts: Tensor  # [G_s] int64 rows per expert
-
-
-def split_plan(plan: DispatchPlan, copies: Sequence[Sequence[str]], num_tokens: int, rotation: int = 0) -> list[ServerPart]:
-    """The plan's rows by server (servers sorted by id). copies[e]: the servers holding expert e.
-    An expert's rows are split into near-equal contiguous chunks over its copies, the first chunk
-    going to copy e % r (so single rows spread); a plan that sends every token to every expert
-    (`plan.all_experts`) instead computes each expert whole on copy (e + rotation) % r, so a server
-    gets every token for each expert it computes."""
-    token_idx, weights = plan.token_idx.cpu(), plan.weights.cpu()
-    chunks: dict[str, tuple[list[Tensor], list[int], list[int]]] = {}  # server -> (row ranges, experts, counts)
-    start = 0
-    for e, n in zip(plan.expert_ids.tolist(), plan.counts.tolist()):
-        if not 0 <= e < len(copies):
-            raise ValueError(f"expert_ids: expert {e} is outside the placement's {len(copies)} experts")
-        servers = list(dict.fromkeys(copies[e]))
-        r = len(servers)
-        if plan.all_experts:
-            takes = [(servers[(e + rotation) % r], n)]
-        else:
-            base, extra = divmod(n, r)
-            takes = [(servers[(e + k) % r], base + (k < extra)) for k in range(r)]
-        for server, take in takes:
-            if take:
-                rows, ids, counts = chunks.setdefault(server, ([], [], []))
-                rows.append(torch.arange(start, start + take))
-                ids.append(e)
-                counts.append(take)
-                start += take
-    parts = []
-    for sid in sorted(chunks):
-        ranges, ids, counts = chunks[sid]
-        rows = torch.cat(ranges)  # [N_s]
-        tokens, local = torch.unique(token_idx[rows], sorted=True, return_inverse=True)  # [T_s], [N_s]
-        parts.append(ServerPart(
-            server_id=sid,
-            tokens=None if tokens.numel() == num_tokens else tokens,  # all T: tokens == arange(T), local == the plan's
-            token_idx=local.to(torch.int32),
-            weights=weights[rows],
-            expert_ids=torch.tensor(ids, dtype=torch.int64),
-            counts=torch.tensor(counts, dtype=torch.int64),
-        ))
-    return parts
 
 
 @dataclass
@@ -150,6 +98,7 @@ class RemoteExperts:
         self._rotation = 0  # which copy computes an expert for a plan that sends every token to every expert
         self.retries = 0  # layer calls retried after a failover
         self.placement = Placement(version=0)
+        self._layers: dict[int, LayerCopies] = {}
         self._install(placement, dict(servers))
 
     # ---- placement ---------------------------------------------------------------------------
@@ -190,12 +139,13 @@ class RemoteExperts:
             else:
                 opened[sid] = (servers[sid], self.transport_for(servers[sid]))
         kept = {id(t) for _, t in opened.values()}
+        layers = {layer: LayerCopies.of(copies) for layer, copies in placement.replicas.items()}
         with self._lock:
             for _, t in self._transports.values():
                 if id(t) not in kept:  # closed once no call of an older version is in flight
                     self._retired.append((placement.version, t))
             self._transports = opened
-            self.placement = placement
+            self.placement, self._layers = placement, layers
         self._close_retired()
 
     def _close_retired(self) -> None:
@@ -219,17 +169,17 @@ class RemoteExperts:
     def _attempt(self, call: _LayerCall) -> None:
         """Split the call by the current placement and send every server its part."""
         with self._lock:
-            placement = self.placement
+            placement, layers = self.placement, self._layers
             transports = {sid: t for sid, (_, t) in self._transports.items()}
             self._rotation += 1
             rotation = self._rotation
         try:
             if placement.version == 0:
                 raise RuntimeError("no placement yet: the control plane has not placed the experts")
-            copies = placement.replicas.get(call.layer)
-            if copies is None:
+            layer = layers.get(call.layer)
+            if layer is None:
                 raise KeyError(f"placement v{placement.version} has no layer {call.layer}")
-            parts = split_plan(call.plan, copies, call.x.shape[0], rotation)
+            parts = split_plan(call.plan, layer, call.x.shape[0], rotation)
         except Exception as e:  # noqa: BLE001 - the caller's future carries it
             settle(call.out, error=e)
             return
@@ -316,16 +266,3 @@ def request_for(call: _LayerCall, part: ServerPart, version: int) -> ExpertReque
     """A server's part of a layer call as its request: x [T_s, H] holds each of its tokens once."""
     x = call.x if part.tokens is None else call.x.index_select(0, part.tokens.to(call.x.device))
     return ExpertRequest(call.layer, version, x, part.token_idx, part.weights, part.expert_ids, part.counts)
-
-
-def partial_sum(x: Tensor, parts: list[ServerPart], partials: Mapping[str, Tensor]) -> Tensor:
-    """The servers' partial sums y_s [T_s, H] added into [T, H] in float32, in the parts' (sorted
-    server) order, whichever answered first; returned in x.dtype on x.device."""
-    acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
-    for part in parts:
-        y = partials[part.server_id].to(acc.device, torch.float32)
-        if part.tokens is None:
-            acc += y
-        else:
-            acc.index_add_(0, part.tokens.to(acc.device), y)
-    return acc.to(x.dtype)

@@ -13,7 +13,8 @@ import grpc
 import pytest
 import torch
 
-from attention_svc.remote_experts import RemoteExperts, ServerPart, partial_sum, split_plan
+from attention_svc.expert_split import LayerCopies, ServerPart, partial_sum, split_plan
+from attention_svc.remote_experts import RemoteExperts
 from control_svc.initial_placement import round_robin_placement
 from control_svc.placement.types import Placement
 from control_svc.wire import ServerInfo
@@ -56,7 +57,7 @@ def plan_rows(plan: DispatchPlan):
 def test_split_sends_each_token_a_server_needs_once():
     # top-2 of 4 experts; experts 0, 1 on "a", 2, 3 on "b": token 0 (experts 0, 1) only reaches "a", once
     plan = plan_of([[0, 1], [1, 2], [3, 2], [0, 3]])
-    parts = split_plan(plan, [("a",), ("a",), ("b",), ("b",)], num_tokens=4)
+    parts = split_plan(plan, LayerCopies.of([("a",), ("a",), ("b",), ("b",)]), num_tokens=4)
     assert [p.server_id for p in parts] == ["a", "b"]
     a, b = parts
     assert a.tokens.tolist() == [0, 1, 3] and b.tokens.tolist() == [1, 2, 3]  # each token once, ascending
@@ -68,7 +69,7 @@ def test_split_sends_each_token_a_server_needs_once():
 def test_split_over_replicas_covers_every_row_once_and_rotates_the_first_copy():
     plan = plan_of([[0, 1, 2]] * 3 + [[1, 2, 3]] * 4, num_experts=4)  # expert 0: 3 rows, 1: 7, 2: 7, 3: 4
     copies = [("a",), ("a", "b"), ("b", "c", "a"), ("c",)]
-    parts = split_plan(plan, copies, num_tokens=7)
+    parts = split_plan(plan, LayerCopies.of(copies), num_tokens=7)
     assert sorted(rows_of(plan, parts)) == sorted(plan_rows(plan))
     per = {p.server_id: dict(zip(p.expert_ids.tolist(), p.counts.tolist())) for p in parts}
     # expert e's first chunk goes to copy e % r: expert 1 -> b gets the extra row, expert 2 -> a does
@@ -78,7 +79,7 @@ def test_split_over_replicas_covers_every_row_once_and_rotates_the_first_copy():
 def test_split_of_an_all_experts_plan_computes_each_expert_whole_on_one_copy_rotating():
     t, e = 5, 4
     plan = make_plan(softmax_topk(torch.randn(t, e), e, True), e)
-    copies = [("a", "b")] * e
+    copies = LayerCopies.of([("a", "b")] * e)
     chosen = []
     for rotation in range(2):
         parts = split_plan(plan, copies, t, rotation)
