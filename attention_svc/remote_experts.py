@@ -96,7 +96,6 @@ class RemoteExperts:
         self._retired: list[tuple[int, ExpertTransport]] = []  # (version that retired it, transport)
         self._last_layer = -1
         self._rotation = 0  # which copy computes an expert for a plan that sends every token to every expert
-        self.retries = 0  # layer calls retried after a failover
         self.placement = Placement(version=0)
         self._layers: dict[int, LayerCopies] = {}
         self._install(placement, dict(servers))
@@ -245,7 +244,6 @@ class RemoteExperts:
             ))
             return
         self.begin_step()
-        self.retries += 1
         self._attempt(call)
 
     def close(self) -> None:

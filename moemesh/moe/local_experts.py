@@ -10,7 +10,6 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from kernels import ExpertWeights
 from moemesh.checkpoint import CheckpointReader
 from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
@@ -27,20 +26,15 @@ class LocalExperts:
         self.layers = dict(layers)
 
     @classmethod
-    def of(cls, weights: Mapping[int, ExpertWeights], pack: bool = False, all_experts_path: bool = True) -> "LocalExperts":
-        """pack: also hold a oneDNN-packed copy of the concatenated experts for calls that route every
-        token to every expert (CPU: bfloat16, or float32 with >= 2 torch threads; a second copy of the
-        weights). all_experts_path: False runs every call through `kernels.moe_mlp` (see `LayerExperts`)."""
-        layers = {layer: LayerExperts.hold(range(w.num_experts), w, all_experts_path) for layer, w in weights.items()}
-        return cls({layer: lx.packed() for layer, lx in layers.items()} if pack else layers)
-
-    @classmethod
     def from_checkpoint(
         cls, reader: CheckpointReader, cfg: ModelConfig, dtype: torch.dtype, experts_dtype: str | None = None,
         pack: bool | None = None, all_experts_path: bool = True,
     ) -> "LocalExperts":
-        """Every MoE layer's experts from the checkpoint (see `of`); pack None = auto
-        (`pack_by_default`: only when the model's own top-k is its number of experts)."""
+        """Every MoE layer's experts from the checkpoint.
+        pack: also hold a oneDNN-packed copy of the concatenated experts for calls that route every
+        token to every expert (CPU: bfloat16, or float32 with >= 2 torch threads; a second copy of the
+        weights); None = auto (`pack_by_default`: only when the model's own top-k is its number of
+        experts). all_experts_path: False runs every call through `kernels.moe_mlp` (see `LayerExperts`)."""
         experts = list(range(cfg.num_experts))
         layers = {}
         with load_progress(len(cfg.moe_layers), "loading experts") as bar:

@@ -56,10 +56,6 @@ def as_bytes(t: Tensor) -> Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def nbytes(t: Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def request_frame(req: ExpertRequest) -> tuple[list[int], list[Tensor]]:
     """(words without the byte count, payload parts) of `req`'s request."""
     tokens, hidden = req.x.shape

@@ -21,6 +21,7 @@ from control_svc.wire import ServerInfo
 from moemesh.errors import MeshError
 from moemesh.moe.dispatch import DispatchPlan, make_plan
 from moemesh.moe.gate import Routing, softmax_topk
+from moemesh.moe.layer_experts import LayerExperts
 from moemesh.moe.local_experts import LocalExperts
 from moemesh.rpc.config import RpcConfig
 from moemesh.transport.dist_link import host_id
@@ -190,7 +191,7 @@ def server_infos(parts_list):
 
 
 def check_equals_local(remote, cfg, weights):
-    local = LocalExperts.of(weights)
+    local = LocalExperts({layer: LayerExperts.hold(range(8), w) for layer, w in weights.items()})
     for step in range(2):
         for layer in cfg.moe_layers:
             for top_k in (2, 8):  # sparse, and every token to every expert (combined side by side)

@@ -5,6 +5,7 @@ from kernels import ExpertWeights
 from kernels.moe_mlp import moe_mlp
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.gate import softmax_topk
+from moemesh.moe.layer_experts import LayerExperts
 from moemesh.moe.local_experts import LocalExperts
 
 
@@ -13,22 +14,25 @@ def weights(e=4, h=16, i=8, seed=0):
     return ExpertWeights(torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g))
 
 
+def local(w: ExpertWeights) -> LocalExperts:
+    return LocalExperts({0: LayerExperts.hold(range(w.num_experts), w, all_experts_path=False)})
+
+
 @pytest.mark.parametrize("top_k", [1, 2, 4])
 def test_submit_is_moe_mlp_over_the_plan(top_k):
     w = weights()
-    local = LocalExperts.of({0: w})
     g = torch.Generator().manual_seed(top_k)
     x = torch.randn(7, 16, generator=g)
     plan = make_plan(softmax_topk(torch.randn(7, 4, generator=g), top_k, True), 4)
     want = moe_mlp(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts, w)
-    torch.testing.assert_close(local.submit(0, x, plan).result(), want)
+    torch.testing.assert_close(local(w).submit(0, x, plan).result(), want, rtol=0, atol=0)
 
 
 def test_submit_equals_a_per_token_loop():
     w = weights()
     x = torch.randn(5, 16)
     plan = make_plan(softmax_topk(torch.randn(5, 4), 2, False), 4)
-    out = LocalExperts.of({0: w}).submit(0, x, plan).result()
+    out = local(w).submit(0, x, plan).result()
     want = torch.zeros(5, 16)
     start = 0
     for e, n in zip(plan.expert_ids.tolist(), plan.counts.tolist()):
@@ -43,14 +47,18 @@ def test_submit_equals_a_per_token_loop():
 def test_unknown_layer_is_an_error():
     plan = make_plan(softmax_topk(torch.randn(1, 4), 1, True), 4)
     with pytest.raises(ValueError, match="layer 5"):
-        LocalExperts.of({0: weights()}).submit(5, torch.randn(1, 16), plan)
+        local(weights()).submit(5, torch.randn(1, 16), plan)
 
 
-def test_pack_and_the_all_experts_path_are_constructor_choices():
-    w = weights()
-    assert LocalExperts.of({0: w}).layers[0].concatenated is not None
-    assert LocalExperts.of({0: w}, all_experts_path=False).layers[0].concatenated is None
+def test_pack_and_the_all_experts_path_are_choices_at_load(tiny_ckpt):
+    from moemesh.checkpoint import CheckpointReader
+    from moemesh.config import ModelConfig
+
+    path, _ = tiny_ckpt("mixtral")  # top-2: a sparse model
+    reader, cfg = CheckpointReader(path), ModelConfig.from_model_dir(path)
+    layer = cfg.moe_layers[0]
+    assert LocalExperts.from_checkpoint(reader, cfg, torch.float32).layers[layer].concatenated is not None
+    assert LocalExperts.from_checkpoint(reader, cfg, torch.float32, all_experts_path=False).layers[layer].concatenated is None
     if torch.backends.mkldnn.is_available():
-        bf16 = ExpertWeights(w.gate_up.bfloat16(), w.down.bfloat16())
-        assert LocalExperts.of({0: bf16}, pack=True).layers[0].concatenated.gate_up.is_mkldnn
-        assert not LocalExperts.of({0: bf16}).layers[0].concatenated.gate_up.is_mkldnn
+        assert LocalExperts.from_checkpoint(reader, cfg, torch.bfloat16, pack=True).layers[layer].concatenated.gate_up.is_mkldnn
+        assert not LocalExperts.from_checkpoint(reader, cfg, torch.bfloat16).layers[layer].concatenated.gate_up.is_mkldnn
