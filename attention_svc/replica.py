@@ -47,6 +47,8 @@ class ReplicaInfo:
     num_layers: int
     model_dir: str
     placement_version: int = 0
+    kv_block_size: int = 0
+    prefix_caching: bool = False
 
 
 class AttentionReplica:
@@ -69,6 +71,8 @@ class AttentionReplica:
             num_layers=cfg.num_layers,
             model_dir=str(Path(self.engine.config.model_dir).resolve()),
             placement_version=self._placement_version(),
+            kv_block_size=self.engine.config.block_size,
+            prefix_caching=self.engine.prefix_caching,
         )
 
     def load(self) -> Load:

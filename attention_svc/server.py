@@ -66,7 +66,7 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
             transport_for = functools.partial(open_transport, mode=cfg.transport, rpc=cfg.rpc)
             experts = RemoteExperts(placement, servers, transport_for, follower.report_failure, cfg.failover_timeout_s)
         engine = await asyncio.to_thread(LLMEngine, cfg.engine_config(), experts)
-        metrics = ServiceMetrics("attention")
+        metrics = ServiceMetrics("attention", scheduler=engine.stats)
         wake = asyncio.Event()
         loop = StepLoop(engine, between_steps=follower.begin_step if follower else lambda: None, on_step=metrics.observe_step, wake=wake)
         replica = AttentionReplica(engine, loop, lambda: experts.placement.version if experts else 0)

@@ -28,6 +28,8 @@ def to_update(out, logprobs: bool):
             msg.logprobs.append(out.logprob)
     if out.prompt_logprobs is not None:
         msg.prompt_logprobs.extend(pb.SequencePromptLogprob(logprob=lp) for lp in out.prompt_logprobs)
+    if out.cached_tokens is not None:
+        msg.cached_tokens = out.cached_tokens
     return msg
 
 
@@ -60,4 +62,5 @@ class AttentionServicer(pb_grpc.AttentionServicer):
             max_new_tokens_limit=i.max_new_tokens_limit, eos_token_ids=i.eos_token_ids,
             num_experts=i.num_experts, experts_per_token=i.experts_per_token, num_layers=i.num_layers,
             model_dir=i.model_dir, placement_version=i.placement_version,
+            kv_block_size=i.kv_block_size, prefix_caching=i.prefix_caching,
         )

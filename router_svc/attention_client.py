@@ -45,6 +45,7 @@ def from_proto(msg) -> SequenceUpdate:
         logprobs=tuple(msg.logprobs),
         finish_reason=msg.finish_reason,
         prompt_logprobs=tuple(p.logprob if p.HasField("logprob") else None for p in msg.prompt_logprobs),
+        cached_tokens=msg.cached_tokens if msg.HasField("cached_tokens") else None,
     )
 
 
@@ -90,6 +91,8 @@ class AttentionClient:
             num_experts=r.num_experts,
             experts_per_token=r.experts_per_token,
             num_layers=r.num_layers,
+            kv_block_size=r.kv_block_size,
+            prefix_caching=r.prefix_caching,
         )
         return info, r.model_dir
 

@@ -20,6 +20,8 @@ class RouterConfig:
     load_poll_s: float = field(default=0.2, metadata={"help": "how often to ask each replica for its load"})
     discovery_interval_s: float = field(default=10.0, metadata={"help": "how often to re-resolve the attention names (new pods join, vanished ones drain); 0 = only at start"})
     connect_timeout_s: float = field(default=60.0, metadata={"help": "how long to wait for the replicas at start"})
+    prefix_routing: bool = field(default=True, metadata={"help": "send a request to the replica that most likely holds its prompt's prefix in its prefix cache (else the least loaded)"})
+    prefix_imbalance: int = field(default=16, metadata={"help": "prefix-aware routing gives way to the least loaded replica when the prefix holder runs more than this many sequences above it"})
     metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port (queue depth); unset = none, 0 = any free port"})
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
@@ -32,6 +34,8 @@ class RouterConfig:
             raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
         if self.load_poll_s <= 0:
             raise ValueError(f"load_poll_s must be > 0, got {self.load_poll_s}")
+        if self.prefix_imbalance < 0:
+            raise ValueError(f"prefix_imbalance must be >= 0, got {self.prefix_imbalance}")
         if self.discovery_interval_s < 0:
             raise ValueError(f"discovery_interval_s must be >= 0, got {self.discovery_interval_s}")
 

@@ -18,6 +18,7 @@ class OutputAssembler:
         self._stops = StopStringMatcher(stops) if stops else None
         self.completion_tokens = 0
         self.prompt_logprobs: tuple[float | None, ...] = ()
+        self.cached_tokens = 0
 
     @property
     def stopped(self) -> bool:
@@ -28,6 +29,8 @@ class OutputAssembler:
         """The delta for `update` (None if it carries nothing to send)."""
         if update.prompt_logprobs:
             self.prompt_logprobs = update.prompt_logprobs
+        if update.cached_tokens is not None:
+            self.cached_tokens = update.cached_tokens
         if self.stopped or not update.token_ids:
             return None
         self.completion_tokens += len(update.token_ids)
@@ -55,4 +58,5 @@ class OutputAssembler:
             prompt_token_ids=self.prompt_token_ids,
             completion_tokens=self.completion_tokens,
             prompt_logprobs=self.prompt_logprobs,
+            cached_tokens=self.cached_tokens,
         )

@@ -1,8 +1,8 @@
 """`Router`: the request path of the front door, independent of gRPC.
 
-    prepare (validate, tokenize) -> admission slot -> least-loaded replica (the next one if it is
-    unavailable before the first token) -> stream its tokens through the detokenizer and stop
-    strings -> final message
+    prepare (validate, tokenize) -> admission slot -> replica (the one holding the prompt's prefix,
+    else the least loaded; the next one if it is unavailable before the first token) -> stream its
+    tokens through the detokenizer and stop strings -> final message
 
 Leaving the stream early (client cancel, deadline, stop string) closes the replica's stream, which
 aborts the sequence there and frees its KV blocks.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import AsyncIterator
 
+from moemesh.block_hash import block_hashes
 from router_svc.admission import Admission
 from router_svc.errors import RequestError
 from router_svc.output import OutputAssembler
@@ -58,11 +59,12 @@ class Router:
                 self._placed.pop(spec.request_id, None)
 
     async def _updates(self, spec: SequenceSpec, timeout: float | None) -> AsyncIterator[SequenceUpdate]:
-        """The sequence's updates from the least-loaded replica. A replica that is UNAVAILABLE before
-        its first update (draining, down) is marked so and the next one is tried."""
+        """The sequence's updates from the replica `ReplicaSet.pick` chooses for its prompt. A replica that
+        is UNAVAILABLE before its first update (draining, down) is marked so and the next one is tried."""
         tried: set[str] = set()
+        prefix = self._prefix_keys(spec)
         while True:
-            replica = self.replicas.pick(exclude=tried)
+            replica = self.replicas.pick(exclude=tried, prefix=prefix)
             self._placed[spec.request_id] = replica
             started = False
             try:
@@ -77,6 +79,13 @@ class Router:
                     raise
                 self.replicas.mark_unavailable(replica)
                 tried.add(replica.address)
+
+    def _prefix_keys(self, spec: SequenceSpec) -> list:
+        """The keys of the prompt's full KV blocks, when the replicas cache prefixes and routing uses them."""
+        info = self.info
+        if self.replicas.prefix_imbalance is None or not info.prefix_caching or info.kv_block_size < 1:
+            return []
+        return block_hashes(spec.prompt_token_ids, info.kv_block_size)
 
     async def abort(self, request_id: str) -> bool:
         """Stops a running request; its stream ends with finish_reason "abort". False if unknown."""

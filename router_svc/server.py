@@ -96,7 +96,7 @@ async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> 
             raise ValueError(f"attention: replica {c.address} serves a different model than {clients[0].address}")
     tokenizer = load_tokenizer(cfg.model_dir or model_dir)
     info = ModelInfo(**{**info.__dict__, "has_chat_template": bool(tokenizer and tokenizer.has_chat_template)})
-    replicas = ReplicaSet([Replica(c.address, c) for c in clients])
+    replicas = ReplicaSet([Replica(c.address, c) for c in clients], cfg.prefix_imbalance if cfg.prefix_routing else None)
     router = Router(info, replicas, Admission(cfg.max_running, cfg.max_queued), tokenizer)
     mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME))
     port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")

@@ -67,7 +67,8 @@ def to_response(request_id: str, item):
     return pb.GenerateResponse(
         request_id=request_id,
         finish_reason=item.finish_reason,
-        usage=pb.Usage(prompt_tokens=len(item.prompt_token_ids), completion_tokens=item.completion_tokens),
+        usage=pb.Usage(prompt_tokens=len(item.prompt_token_ids), completion_tokens=item.completion_tokens,
+                       cached_tokens=item.cached_tokens),
         prompt_token_ids=item.prompt_token_ids,
         prompt_logprobs=[pb.PromptLogprob(logprob=lp) for lp in item.prompt_logprobs],
     )

@@ -56,6 +56,7 @@ class SequenceUpdate:
     logprobs: tuple[float, ...] = ()
     finish_reason: str = ""
     prompt_logprobs: tuple[float | None, ...] = ()
+    cached_tokens: int | None = None  # on the first update: prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class ModelInfo:
     num_experts: int = 0
     experts_per_token: int = 0
     num_layers: int = 0
+    kv_block_size: int = 0  # the replicas' KV block size (prefix-aware routing hashes whole blocks)
+    prefix_caching: bool = False  # the replicas reuse cached prefixes
 
 
 @dataclass(frozen=True)
@@ -105,3 +108,4 @@ class Finished:
     prompt_token_ids: tuple[int, ...]
     completion_tokens: int
     prompt_logprobs: tuple[float | None, ...] = ()
+    cached_tokens: int = 0

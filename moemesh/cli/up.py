@@ -20,6 +20,11 @@ def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-threads", type=int, default=0, metavar="N", help="torch threads per attention replica (0 = default)")
     p.add_argument("--start-timeout", type=float, default=600.0, metavar="S", help="how long each service may take to start")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="where the services' logs go (default: a temp dir)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="attention replicas do not reuse the KV blocks of earlier prompts' shared prefixes")
+    p.add_argument("--max-num-batched-tokens", type=int, default=0, metavar="N",
+                   help="tokens per attention step: decodes first, then prompt chunks (0 = the replicas' default); "
+                        "smaller keeps streams flowing while long prompts prefill")
 
 
 def register(subparsers) -> None:
@@ -41,6 +46,7 @@ def mesh_spec(ns: argparse.Namespace, port: int = 0):
         model_dir=model, expert_servers=ns.expert_servers, attention_replicas=ns.attention_replicas,
         experts_dtype=ns.experts_dtype, transport=ns.transport, port=port,
         start_timeout_s=ns.start_timeout, attention_threads=ns.attention_threads,
+        prefix_cache=ns.prefix_cache, max_num_batched_tokens=ns.max_num_batched_tokens,
     )
 
 

@@ -16,7 +16,10 @@ class EngineConfig:
     dtype: compute dtype; "auto" = the checkpoint's dtype.
     experts_dtype: expert weight format (see kernels.prepare.EXPERT_DTYPES); None = as stored.
     block_size: tokens per KV cache block. kv_cache_tokens: KV cache capacity in tokens (all sequences).
-    max_num_seqs / max_num_batched_tokens: per-step batch bounds. max_model_len: None = the model's.
+    max_num_seqs: sequences per step. max_num_batched_tokens: tokens per step (the budget: the decodes
+    first, then prompt chunks in what they leave; a longer prompt runs over several steps). max_model_len: None = the model's.
+    prefix_cache: keep computed full KV blocks keyed by their token prefix and reuse them for later
+    requests that start with the same tokens (automatic prefix caching).
     micro_batches: 1, or 2 to interleave two micro-batches layer by layer (ping-pong with remote experts).
     moe_top_k / capacity_factor: initial MoE knobs (None = the model's top-k; 0 = dropless).
     num_threads: torch intra-op threads (None = leave torch's default).
@@ -40,6 +43,7 @@ class EngineConfig:
     num_threads: int | None = 1
     pack_experts: bool | None = None
     device: str = "cpu"
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:

@@ -43,8 +43,8 @@ def sample(
     return tokens.tolist(), chosen.tolist()
 
 
-def prompt_logprobs(logits: Tensor, prompt: Sequence[int]) -> list[float | None]:
-    """logits [P, V] (one row per prompt position) -> [None, lp(p1|p0), ..., lp(p_{P-1}|...)]."""
-    lp = torch.log_softmax(logits[:-1], dim=-1)  # [P-1, V]
-    targets = torch.tensor(list(prompt[1:]), dtype=torch.long)
-    return [None, *lp.gather(1, targets[:, None])[:, 0].tolist()]
+def target_logprobs(logits: Tensor, targets: Sequence[int]) -> list[float]:
+    """logits [M, V], targets [M] -> log p(targets[i]) under row i, for each i."""
+    lp = torch.log_softmax(logits, dim=-1)  # [M, V]
+    idx = torch.tensor(list(targets), dtype=torch.long)
+    return lp.gather(1, idx[:, None])[:, 0].tolist()

@@ -30,6 +30,8 @@ class MeshSpec:
     start_timeout_s: float = 300.0
     grace_s: float = 10.0
     attention_threads: int = 0  # 0 = this machine's cores split evenly over the compute processes
+    prefix_cache: bool = True  # attention replicas reuse cached prompt prefixes
+    max_num_batched_tokens: int = 0  # attention replicas' token budget per step; 0 = their default
 
     def threads_per_process(self) -> int:
         """torch threads for each expert server and attention replica: every process on this machine
@@ -46,6 +48,8 @@ class MeshSpec:
             raise ValueError(f"transport must be grpc, dist or auto, got {self.transport!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_num_batched_tokens < 0:
+            raise ValueError(f"max_num_batched_tokens must be >= 0 (0 = the replicas' default), got {self.max_num_batched_tokens}")
 
 
 class MeshFailed(RuntimeError):
@@ -53,10 +57,15 @@ class MeshFailed(RuntimeError):
 
 
 def serve_argv(service: str, flags: dict[str, object]) -> list[str]:
+    """The command line of `moemesh serve SERVICE` with `flags` (None or "" = left out; a bool is
+    `--name` / `--no-name`)."""
     argv = [sys.executable, "-m", "moemesh.cli.main", "serve", service]
     for name, value in flags.items():
-        if value is not None and value != "":
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value is not None and value != "":
+            argv += [f"--{flag}", str(value)]
     return argv
 
 
@@ -105,6 +114,9 @@ class Mesh:
                 self._spawn(f"attention-{i}", "attention", {
                     "model_dir": s.model_dir, "control_addr": self.control_addr, "transport": s.transport,
                     "num_threads": s.attention_threads or s.threads_per_process(),
+                    "max_num_batched_tokens": s.max_num_batched_tokens or None,
+                    # the replicas cache prefixes by default: the flag is passed only to turn it off
+                    "prefix_cache": None if s.prefix_cache else False,
                 })
                 for i in range(s.attention_replicas)
             ]

@@ -7,12 +7,13 @@ from router_svc.types import LoadReport, SequenceUpdate
 
 
 class FakeAttention:
-    def __init__(self, tokens, finish_reason="length", delay_s=0.0, prompt_logprobs=(), address="fake"):
+    def __init__(self, tokens, finish_reason="length", delay_s=0.0, prompt_logprobs=(), address="fake", cached_tokens=None):
         self.address = address
         self.tokens = list(tokens)
         self.finish_reason = finish_reason
         self.delay_s = delay_s
         self.prompt_logprobs = tuple(prompt_logprobs)
+        self.cached_tokens = cached_tokens
         self.specs = []
         self.closed_early = []  # request ids whose stream was closed before finishing
         self.aborted = []
@@ -36,6 +37,7 @@ class FakeAttention:
                     logprobs=(-0.5,),
                     finish_reason=self.finish_reason if last else "",
                     prompt_logprobs=self.prompt_logprobs if i == 0 else (),
+                    cached_tokens=self.cached_tokens if i == 0 else None,
                 )
             done = True
         finally:

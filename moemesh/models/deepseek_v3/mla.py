@@ -1,8 +1,8 @@
 """Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2) over a paged *latent* KV cache.
 
 Shape legend: T tokens, H hidden, NH heads, Rq q_lora_rank, R kv_lora_rank, Dn qk_nope_head_dim,
-Dr qk_rope_head_dim, Dv v_head_dim, B decoding sequences, S cached positions per decoding sequence,
-n prefill length, L = R + Dr latent width, W = ceil(L / 2).
+Dr qk_rope_head_dim, Dv v_head_dim, B decoding sequences, S cached positions per sequence,
+n chunk length, L = R + Dr latent width, W = ceil(L / 2).
 
 What the cache holds: per token only `c_kv` [R] (after kv_a_layernorm) and the rotated shared key
 `k_pe` [Dr]: R + Dr numbers (576 for DeepSeek-V3) instead of NH * (Dn + Dr + Dv) for expanded heads.
@@ -15,9 +15,11 @@ How attention reads it:
   * decode steps use the *absorbed* form: q_nope is folded through kv_b's key half (W_UK) into the
     latent space, scores are q_lat . c_kv + q_pe . k_pe, the weighted sum stays in latent space and
     kv_b's value half (W_UV) maps it to Dv per head afterwards. Nothing is expanded per cached token.
-  * prefills (every key is new) use the *expanded* form: kv_b expands this step's latents to per-head
+  * chunks (a prompt, or a part of one) use the *expanded* form: kv_b expands the latents to per-head
     keys/values once and a standard attention runs; this costs less than absorbing when the number of
-    queries equals the number of keys.
+    queries is near the number of keys. A chunk at position 0 expands its own latents only; one after
+    cached positions (prefix cache hit, chunked prefill) gathers the sequence's latents from the cache
+    and expands them all.
 Both forms compute the same function; tests check each against transformers.
 """
 from __future__ import annotations
@@ -136,9 +138,13 @@ def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, 
     b = meta.num_decode
     if b:
         out[:b] = absorbed_decode(q_nope[:b], q_pe[:b], w, cache.gather(meta.decode_block_tables), meta.decode_mask)
-    for start, n in meta.prefills:
-        sl = slice(start, start + n)
-        out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], c_kv[sl], k_pe[sl], w)
+    for c in meta.chunks:
+        sl = slice(c.start, c.start + c.length)
+        if c.start_pos > 0:  # after cached positions: expand the sequence's cached latents (this chunk's included)
+            lat = cache.gather(c.block_table[None])[0]  # [S, R+Dr]
+            out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], lat[:, :r], lat[:, r:], w, c.mask)
+        else:
+            out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], c_kv[sl], k_pe[sl], w)
     return F.linear(out.view(t, nh * dv), w.o, w.o_bias)  # [T, H]
 
 
@@ -156,14 +162,15 @@ def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, lat: Tensor, ma
     return torch.einsum("bnr,nvr->bnv", o_lat, w_uv)  # [B, NH, Dv]
 
 
-def expanded_prefill(q_nope: Tensor, q_pe: Tensor, c_kv: Tensor, k_pe: Tensor, w: MLAWeights) -> Tensor:
-    """One prefill of n tokens: q_nope [n, NH, Dn], q_pe [n, NH, Dr], c_kv [n, R], k_pe [n, Dr] -> [n, NH, Dv]."""
-    n, nh, dn = q_nope.shape[0], w.num_heads, w.qk_nope_head_dim
-    kv = (c_kv @ w.kv_b.t()).view(n, nh, dn + w.v_head_dim)  # [n, NH, Dn+Dv]
-    k = torch.cat([kv[..., :dn], k_pe[:, None, :].expand(n, nh, -1)], dim=-1)  # [n, NH, Dn+Dr]
-    v = kv[..., dn:]  # [n, NH, Dv]
+def expanded_prefill(q_nope: Tensor, q_pe: Tensor, c_kv: Tensor, k_pe: Tensor, w: MLAWeights, mask: Tensor | None = None) -> Tensor:
+    """One chunk of n queries over S latents: q_nope [n, NH, Dn], q_pe [n, NH, Dr], c_kv [S, R], k_pe [S, Dr],
+    mask [n, S] (True = attend; None: S == n, the chunk's own keys, causal) -> [n, NH, Dv]."""
+    s, nh, dn = c_kv.shape[0], w.num_heads, w.qk_nope_head_dim
+    kv = (c_kv @ w.kv_b.t()).view(s, nh, dn + w.v_head_dim)  # [S, NH, Dn+Dv]
+    k = torch.cat([kv[..., :dn], k_pe[:, None, :].expand(s, nh, -1)], dim=-1)  # [S, NH, Dn+Dr]
+    v = kv[..., dn:]  # [S, NH, Dv]
     q = torch.cat([q_nope, q_pe], dim=-1)  # [n, NH, Dn+Dr]
     o = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=w.softmax_scale
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=mask is None, scale=w.softmax_scale
     )  # [NH, n, Dv]
     return o.transpose(0, 1)
