@@ -24,9 +24,10 @@ from typing import Callable
 import grpc
 
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.knobs import RoutingKnobs
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo, control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.placement import Placement
+from moemesh.contracts.wire import control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
 
@@ -41,11 +42,11 @@ def decode_update(msg) -> tuple[Placement, dict[str, ServerInfo]]:
     return placement_from_proto(msg.placement), {s.server_id: server_from_proto(s) for s in msg.servers}
 
 
-def engine_knob_setter(engine) -> Callable[[RoutingKnobs], None]:
+def engine_knob_setter(engine) -> Callable[[MoeKnobs], None]:
     """apply(knobs): every MoE layer of `engine` set to its effective top-k and capacity factor."""
     cfg = engine.model_config
 
-    def apply(knobs: RoutingKnobs) -> None:
+    def apply(knobs: MoeKnobs) -> None:
         for layer in cfg.moe_layers:
             top_k, cf = knobs.effective(layer, cfg.top_k)
             engine.set_moe_knobs(top_k=top_k, capacity_factor=cf, layer=layer)
@@ -60,9 +61,9 @@ class ControlFollower:
         self.stub = control_grpc.ControlServiceStub(self.channel)
         self.replica_id = ""
         self.experts: RemoteExperts | None = None
-        self._apply_knobs: Callable[[RoutingKnobs], None] | None = None
-        self._knobs: dict[int, RoutingKnobs] = {}  # placement version -> knobs it carries
-        self._applied_knobs = RoutingKnobs()  # what the engine runs with (its own defaults)
+        self._apply_knobs: Callable[[MoeKnobs], None] | None = None
+        self._knobs: dict[int, MoeKnobs] = {}  # placement version -> knobs it carries
+        self._applied_knobs = MoeKnobs()  # what the engine runs with (its own defaults)
         self._updates = None  # the open WatchPlacement call
         self._seen = 0  # the newest placement version received
         self._tasks: list[asyncio.Task] = []
@@ -91,7 +92,7 @@ class ControlFollower:
         self._seen = max(self._seen, placement.version)
 
     async def start(
-        self, experts: RemoteExperts, address: str, apply_knobs: Callable[[RoutingKnobs], None] | None = None,
+        self, experts: RemoteExperts, address: str, apply_knobs: Callable[[MoeKnobs], None] | None = None,
         wake: Callable[[], None] = lambda: None,
     ) -> None:
         """Registers this replica (serving at `address`), then follows placements onto `experts` and

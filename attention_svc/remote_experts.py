@@ -40,8 +40,8 @@ import grpc
 import torch
 from torch import Tensor
 
-from control_svc.placement.types import Placement
 from attention_svc.expert_split import LayerCopies, ServerPart, partial_sum, split_plan
+from moemesh.contracts.placement import Placement
 from moemesh.errors import MeshError
 from moemesh.moe.dispatch import DispatchPlan
 from moemesh.transport.base import ExpertRequest, ExpertTransport, PeerInfo, settle

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import grpc
 
-from attention_svc.errors import ReplicaError
 from attention_svc.replica import AttentionReplica, SequenceRequest
+from moemesh.contracts.wire import load_to_proto, model_info_to_proto
+from moemesh.errors import MeshError
 from moemesh.rpc.protos import load
 
-pb, pb_grpc = load("attention")
 SERVICE_NAME = "moemesh.v1.Attention"
+pb, pb_grpc = load("attention")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed")
 
 
@@ -42,25 +43,14 @@ class AttentionServicer(pb_grpc.AttentionServicer):
             req = to_request(request)
             async for out in self.replica.generate(req):
                 yield to_update(out, req.logprobs)
-        except ReplicaError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
 
     async def Abort(self, request, context):
         return pb.AbortSequenceResponse(found=self.replica.abort(request.request_id))
 
     async def GetLoad(self, request, context):
-        load = self.replica.load()
-        return pb.LoadReport(
-            waiting=load.waiting, running=load.running, free_blocks=load.free_blocks,
-            total_blocks=load.total_blocks, serving=load.serving, accepted=load.accepted,
-        )
+        return load_to_proto(self.replica.load())
 
     async def GetReplicaInfo(self, request, context):
-        i = self.replica.info()
-        return pb.ReplicaInfo(
-            architecture=i.architecture, vocab_size=i.vocab_size, max_context=i.max_context,
-            max_new_tokens_limit=i.max_new_tokens_limit, eos_token_ids=i.eos_token_ids,
-            num_experts=i.num_experts, experts_per_token=i.experts_per_token, num_layers=i.num_layers,
-            model_dir=i.model_dir, placement_version=i.placement_version,
-            kv_block_size=i.kv_block_size, prefix_caching=i.prefix_caching,
-        )
+        return model_info_to_proto(self.replica.info())

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import grpc
 
-from control_svc.wire import control_grpc, control_pb2
+from moemesh.contracts.wire import control_grpc, control_pb2
 from moemesh.launcher.child import Child, stop_all
 from moemesh.launcher.health import wait_serving
 from moemesh.launcher.mesh import serve_argv

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from control_svc.placement.policy import RebalancePolicy
+from control_svc.placement import RebalancePolicy
 from moemesh.rpc.config import RpcConfig
 
 

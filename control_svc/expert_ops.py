@@ -1,10 +1,10 @@
 """`GrpcExpertOps`: the control plane calling LoadExperts/DropExperts (and GetStats as a probe) on expert servers."""
 from __future__ import annotations
 
+from moemesh.contracts.info import ServerInfo
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
-from control_svc.wire import ServerInfo
 
 expert_pb2, expert_grpc = load("expert")
 

@@ -1,16 +1,18 @@
-"""`ControlServicer`: moemesh.v1.ControlService <-> `ControlPlane`. Translation and status codes only."""
+"""`ControlServicer`: moemesh.v1.ControlService <-> `ControlPlane`. Translation only: a `MeshError` from the
+plane aborts the call with its status and message."""
 from __future__ import annotations
 
 import grpc
 
 from control_svc.board import PlacementView
 from control_svc.plane import ControlPlane
-from control_svc.registry import UnknownId
 from control_svc.status import ControlStatus, gather_status
-from control_svc.switch import SwitchError
-from control_svc.wire import (
+from moemesh.contracts.wire import (
     STATES, control_grpc, control_pb2, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
 )
+from moemesh.errors import MeshError
+
+SERVICE_NAME = "moemesh.v1.ControlService"
 
 
 def update_message(view: PlacementView):
@@ -50,8 +52,8 @@ class ControlServicer(control_grpc.ControlServiceServicer):
     async def RegisterExpertServer(self, request, context):
         try:
             info = self.plane.register_expert(server_from_proto(request.server))
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.RegisterExpertServerResponse(
             server_id=info.server_id,
             placement=placement_to_proto(self.plane.board.current.placement),
@@ -76,15 +78,15 @@ class ControlServicer(control_grpc.ControlServiceServicer):
     async def Drain(self, request, context):
         try:
             state, moving = self.plane.drain(request.id)
-        except UnknownId as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.DrainResponse(state=STATES[state], moving=moving)
 
     async def Deregister(self, request, context):
         try:
             self.plane.registry.deregister(request.id)
-        except UnknownId as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.DeregisterResponse()
 
     async def GetPlacement(self, request, context):
@@ -100,10 +102,8 @@ class ControlServicer(control_grpc.ControlServiceServicer):
     async def Rebalance(self, request, context):
         try:
             plan = await self.plane.rebalance(force=request.force)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except SwitchError as e:
-            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.RebalanceResponse(
             switched=plan.placement is not None, placement_version=self.plane.board.version,
             balancedness_before=plan.before, balancedness_after=plan.after, moves=plan.moves, reason=plan.reason,
@@ -114,15 +114,9 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         cf = request.capacity_factor if request.HasField("capacity_factor") else None
         layer = request.layer if request.HasField("layer") else None
         try:
-            self.plane.check_knobs(top_k, cf, layer)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        try:
             view = await self.plane.set_knobs(top_k, cf, layer)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except SwitchError as e:
-            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.SetKnobsResponse(placement_version=view.placement.version, knobs=knobs_to_proto(view.knobs))
 
     async def ReportFailure(self, request, context):

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from control_svc.knobs import RoutingKnobs
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ReplicaStatus:
 @dataclass(frozen=True)
 class ControlStatus:
     placement: Placement
-    knobs: RoutingKnobs
+    knobs: MoeKnobs
     balancedness: float
     window_tokens: int
     servers: tuple[ExpertServerStatus, ...]

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernels.prepare import EXPERT_DTYPES
 from moemesh.rpc.config import RpcConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-EXPERT_DTYPES = ("bf16", "fp8", "mxfp4", "nvfp4")
 TRANSPORTS = ("grpc", "dist", "auto")
 PRELOAD = ("none", "all")
 

@@ -12,8 +12,9 @@ from typing import Callable
 
 import grpc
 
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo, control_grpc, control_pb2, placement_from_proto, server_to_proto
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.placement import Placement
+from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_to_proto
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
 

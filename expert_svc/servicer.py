@@ -16,6 +16,7 @@ from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
 from moemesh.transport.base import ExpertRequest
 from moemesh.transport.codec import CodecError, decode, encode
 
+SERVICE_NAME = "moemesh.v1.ExpertService"
 expert_pb2, expert_grpc = load("expert")
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ from expert_svc.stats import ShardStats
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.errors import MeshError
+from moemesh.models.registry import load_model_config
 from moemesh.moe.expert_loader import load_expert_weights
 from moemesh.moe.layer_experts import LayerExperts, pack_by_default
 from moemesh.transport.base import ExpertRequest
@@ -158,7 +159,7 @@ class ExpertShard:
     ) -> "ExpertShard":
         """dtype: "auto" (the checkpoint's) or a torch dtype name; load_window_s: the stats' load window;
         pack, all_experts_path: see the constructor."""
-        model = ModelConfig.from_model_dir(model_dir)
+        model = load_model_config(model_dir)
         if model.num_experts <= 0:
             raise ValueError(f"model_dir {model_dir!r} holds a dense model: no experts to serve")
         compute = model.dtype if dtype == "auto" else getattr(torch, dtype)

@@ -10,8 +10,11 @@ import math
 import uuid
 from dataclasses import replace
 
-from router_svc.errors import RequestError, invalid, out_of_range
-from router_svc.types import GenerationInput, ModelInfo, SamplingSpec, SequenceSpec
+import grpc
+
+from moemesh.contracts.info import ModelInfo
+from moemesh.errors import MeshError, invalid, out_of_range
+from router_svc.types import GenerationInput, SamplingSpec, SequenceSpec
 
 MAX_REQUEST_ID_LEN = 256
 MAX_STOP_STRINGS = 64
@@ -19,7 +22,7 @@ MAX_STOP_TOKEN_IDS = 256
 
 
 class RequestPreparer:
-    """`prepare(GenerationInput) -> SequenceSpec`, raising `RequestError` on bad input.
+    """`prepare(GenerationInput) -> SequenceSpec`, raising `MeshError` on bad input.
 
     `tokenizer` may be None (a model directory without tokenizer.json): then only token ids work.
     """
@@ -45,7 +48,7 @@ class RequestPreparer:
 
     def _check_model(self, model: str) -> None:
         if model and model != self.info.name:
-            raise RequestError("NOT_FOUND", f"model: unknown model {model!r} (this mesh serves {self.info.name!r})")
+            raise MeshError(grpc.StatusCode.NOT_FOUND, f"model: unknown model {model!r} (this mesh serves {self.info.name!r})")
 
     def _request_id(self, request_id: str) -> str:
         if len(request_id) > MAX_REQUEST_ID_LEN:
@@ -85,7 +88,7 @@ class RequestPreparer:
                 raise invalid(f"messages[{i}].role: must not be empty")
         tok = self._require_tokenizer("messages")
         if not tok.has_chat_template:
-            raise RequestError("FAILED_PRECONDITION", "messages: this model has no chat template; send prompt instead")
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "messages: this model has no chat template; send prompt instead")
         try:
             text = tok.apply_chat_template([{"role": m.role, "content": m.content} for m in messages])
         except Exception as exc:  # a template may raise on roles it does not support
@@ -94,7 +97,7 @@ class RequestPreparer:
 
     def _require_tokenizer(self, field: str):
         if self.tokenizer is None:
-            raise RequestError("FAILED_PRECONDITION", f"{field}: this model has no tokenizer; send prompt_token_ids")
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, f"{field}: this model has no tokenizer; send prompt_token_ids")
         return self.tokenizer
 
     def _check_token_ids(self, field: str, ids: tuple[int, ...]) -> None:

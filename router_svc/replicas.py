@@ -19,10 +19,12 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import grpc
+
 from moemesh.block_hash import BlockHash
-from router_svc.errors import RequestError
+from moemesh.contracts.info import LoadReport
+from moemesh.errors import MeshError
 from router_svc.prefix_index import DEFAULT_CAPACITY, PrefixIndex
-from router_svc.types import LoadReport
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class ReplicaSet:
         least loaded."""
         live = [r for r in self.replicas if r.available and r.address not in exclude]
         if not live:
-            raise RequestError("UNAVAILABLE", "attention: no attention replica is available; retry later")
+            raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: no attention replica is available; retry later")
         start = next(self._turn) % len(live)
         rotated = live[start:] + live[:start]
         least = min(rotated, key=lambda r: r.load)

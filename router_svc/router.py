@@ -12,13 +12,16 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import AsyncIterator
 
+import grpc
+
 from moemesh.block_hash import block_hashes
+from moemesh.contracts.info import ModelInfo
+from moemesh.errors import MeshError
 from router_svc.admission import Admission
-from router_svc.errors import RequestError
 from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
 from router_svc.replicas import ReplicaSet
-from router_svc.types import Delta, Finished, GenerationInput, ModelInfo, SequenceSpec, SequenceUpdate
+from router_svc.types import Delta, Finished, GenerationInput, SequenceSpec, SequenceUpdate
 
 
 class Router:
@@ -34,7 +37,7 @@ class Router:
         spec = self.preparer.prepare(req)
         async with self.admission.slot():
             if spec.request_id in self._placed:
-                raise RequestError("ALREADY_EXISTS", f"request_id: {spec.request_id!r} is already running")
+                raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")
             try:
                 out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
                 finish = ""
@@ -50,7 +53,7 @@ class Router:
                             finish = update.finish_reason
                             break
                 if not finish:
-                    raise RequestError("UNAVAILABLE", "attention: the replica ended the stream early")
+                    raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: the replica ended the stream early")
                 tail = out.tail()
                 if tail:
                     yield Delta(text=tail, token_ids=())
@@ -74,8 +77,8 @@ class Router:
                             started = True
                             yield update
                 return
-            except RequestError as exc:
-                if started or exc.code != "UNAVAILABLE":
+            except MeshError as exc:
+                if started or exc.code != grpc.StatusCode.UNAVAILABLE:
                     raise
                 self.replicas.mark_unavailable(replica)
                 tried.add(replica.address)

@@ -10,14 +10,15 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 
+from moemesh.contracts.info import ModelInfo
+from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
-from router_svc.errors import RequestError, invalid
 from router_svc.router import Router
-from router_svc.types import ChatTurn, Delta, GenerationInput, ModelInfo, SamplingSpec
+from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec
 from router_svc.utf8 import find_bad_utf8
 
-pb, pb_grpc = load("generation")
 SERVICE_NAME = "moemesh.v1.Generation"
+pb, pb_grpc = load("generation")
 
 
 def parse_request(raw: bytes):
@@ -98,14 +99,14 @@ class GenerationServicer:
             inp = to_input(parse_request(raw))
             async for item in self.router.generate(inp, timeout=context.time_remaining()):
                 yield to_response(inp.request_id, item)
-        except RequestError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
 
     async def Abort(self, request, context: grpc.aio.ServicerContext):
         try:
             found = await self.router.abort(request.request_id)
-        except RequestError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
         return pb.AbortResponse(found=found)
 
     async def GetModelInfo(self, request, context: grpc.aio.ServicerContext):

@@ -60,38 +60,6 @@ class SequenceUpdate:
 
 
 @dataclass(frozen=True)
-class LoadReport:
-    waiting: int = 0
-    running: int = 0
-    free_blocks: int = 0
-    total_blocks: int = 0
-    serving: bool = True
-    accepted: int = 0
-
-    @property
-    def sequences(self) -> int:
-        return self.waiting + self.running
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the served model accepts; the router validates requests against it."""
-
-    name: str
-    architecture: str
-    vocab_size: int
-    max_context: int
-    max_new_tokens_limit: int
-    eos_token_ids: tuple[int, ...] = ()
-    has_chat_template: bool = False
-    num_experts: int = 0
-    experts_per_token: int = 0
-    num_layers: int = 0
-    kv_block_size: int = 0  # the replicas' KV block size (prefix-aware routing hashes whole blocks)
-    prefix_caching: bool = False  # the replicas reuse cached prefixes
-
-
-@dataclass(frozen=True)
 class Delta:
     """New output for the client: text since the last delta and the tokens that produced it."""
 

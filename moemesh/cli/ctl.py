@@ -45,7 +45,7 @@ def run(ns: argparse.Namespace) -> int:
     import grpc
     from google.protobuf.json_format import MessageToDict
 
-    from control_svc.wire import control_grpc, control_pb2
+    from moemesh.contracts.wire import control_grpc, control_pb2
 
     if ns.ctl_command == "set" and ns.top_k is None and ns.capacity_factor is None:
         print("moemesh ctl set: error: give --top-k and/or --capacity-factor", file=sys.stderr)
@@ -79,7 +79,7 @@ def call(stub, pb, ns: argparse.Namespace):
 
 
 def render(command: str, resp) -> str:
-    from control_svc.wire import STATE_NAMES, knobs_from_proto, placement_from_proto
+    from moemesh.contracts.wire import STATE_NAMES, knobs_from_proto, placement_from_proto
 
     if command == "status":
         lines = [

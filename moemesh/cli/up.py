@@ -6,7 +6,7 @@ import signal
 import sys
 import threading
 
-EXPERT_DTYPES = ("bf16", "fp8", "mxfp4", "nvfp4")
+from kernels.prepare import EXPERT_DTYPES
 
 
 def add_mesh_arguments(p: argparse.ArgumentParser) -> None:

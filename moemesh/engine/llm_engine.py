@@ -27,9 +27,9 @@ from moemesh.engine.sampler import sample, target_logprobs
 from moemesh.engine.sampling_params import SamplingParams
 from moemesh.engine.scheduler import SchedulerStats, ScheduledChunk, Scheduler
 from moemesh.models.batch import BatchMeta, SeqSlice
-from moemesh.models.registry import get_architecture
+from moemesh.models.registry import get_architecture, load_model_config
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.moe.local_experts import LocalExperts
 
 
@@ -39,7 +39,7 @@ class LLMEngine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device = select_device(config.device)  # the current CUDA device is set before any allocation
-        self.model_config = ModelConfig.from_model_dir(config.model_dir)
+        self.model_config = load_model_config(config.model_dir)
         cfg = self.model_config
         reader = CheckpointReader(config.model_dir)
         self.dtype = config.compute_dtype(cfg.dtype)

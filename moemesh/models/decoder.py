@@ -25,7 +25,7 @@ from moemesh.models.layers import (
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.moe.gate import softmax_topk
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
 

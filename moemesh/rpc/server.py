@@ -116,6 +116,21 @@ def exit_process(code: int = 0) -> NoReturn:
     os._exit(code)
 
 
+def print_ready(service: str, address: str, **extra: object) -> None:
+    """The line a service prints once it serves (launchers and tests wait for it), flushed:
+    `moemesh <service>_svc: serving HOST:PORT [name=VALUE ...]`; empty values are left out."""
+    fields = "".join(f" {name}={value}" for name, value in extra.items() if value)
+    print(f"moemesh {service}_svc: serving {address}{fields}", flush=True)
+
+
+def serve_process(main: Callable[[asyncio.Event], Awaitable[None]]) -> NoReturn:
+    """A service process (`python -m x_svc`, `moemesh serve x`): logs to stderr, runs `main(stop)`
+    until SIGTERM/SIGINT sets `stop` (main then drains and returns), then ends the process."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    run_service(main)
+    exit_process(0)
+
+
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run `main(stop)` on a uvloop loop; SIGTERM/SIGINT set `stop` (main then drains and returns)."""
     async def runner() -> None:

@@ -25,7 +25,7 @@ from moemesh.errors import MeshError
 
 
 class PeerInfo(Protocol):
-    """What a transport needs to know about an expert server (control_svc.wire.ServerInfo fits)."""
+    """What a transport needs to know about an expert server (moemesh.contracts.info.ServerInfo fits)."""
 
     server_id: str
     address: str

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.initial_placement import round_robin_placement
+from control_svc.placement import initial_placement as round_robin_placement
 from moemesh.errors import MeshError
 from tests.attention_svc.test_remote_experts import ShardTransport, peers
 from tests.expert_svc.fixtures import all_weights, moe_dir, plan_expected, routed_plan  # noqa: F401

@@ -15,9 +15,9 @@ import torch
 
 from attention_svc.expert_split import LayerCopies, ServerPart, partial_sum, split_plan
 from attention_svc.remote_experts import RemoteExperts
-from control_svc.initial_placement import round_robin_placement
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo
+from control_svc.placement import initial_placement as round_robin_placement
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.placement import Placement
 from moemesh.errors import MeshError
 from moemesh.moe.dispatch import DispatchPlan, make_plan
 from moemesh.moe.gate import Routing, softmax_topk

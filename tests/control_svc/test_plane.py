@@ -1,12 +1,14 @@
 """`ControlPlane` without gRPC: fake expert-server ops, a fake clock, load reports as ExpertStats."""
 import asyncio
 
+import grpc
 import pytest
 
 from control_svc.config import ControlConfig
 from control_svc.plane import ControlPlane
 from control_svc.registry import Registry
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
+from moemesh.errors import MeshError
 from moemesh.rpc.protos import load as load_protos
 from moemesh.telemetry import ServiceMetrics
 
@@ -105,8 +107,9 @@ def test_knobs_are_a_new_version_with_the_same_replicas():
         assert view.knobs.top_k == 1 and plane.board.current.knobs.top_k == 1
         view = await plane.set_knobs(None, 1.5, 1)
         assert view.knobs.effective(1, 2) == (1, 1.5) and view.knobs.effective(0, 2) == (1, 0.0)
-        with pytest.raises(ValueError, match="top_k"):
+        with pytest.raises(MeshError, match="top_k") as e:
             await plane.set_knobs(0, None, None)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert plane.board.version == 3
 
     asyncio.run(main())

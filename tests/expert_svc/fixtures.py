@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from expert_svc.config import ExpertServerConfig
-from expert_svc.server import build_expert_server
+from expert_svc.server import create_server
 from kernels.moe_mlp import moe_mlp
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
+from moemesh.models.registry import load_model_config
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_loader import load_expert_weights
 from moemesh.moe.gate import softmax_topk
@@ -34,7 +34,7 @@ def tiny_moe_dir(root: Path) -> Path:
 
 def all_weights(model_dir: Path):
     """layer -> ExpertWeights with every expert, straight from the checkpoint (the oracle)."""
-    cfg = ModelConfig.from_model_dir(model_dir)
+    cfg = load_model_config(model_dir)
     reader = CheckpointReader(model_dir)
     return cfg, {l: load_expert_weights(reader, cfg, l, range(cfg.num_experts), cfg.dtype) for l in cfg.moe_layers}
 
@@ -78,18 +78,18 @@ async def in_loop(fn, *args):
 
 @contextmanager
 def running_expert_servers(model_dir: Path, n: int, loop: LoopThread, **overrides):
-    """`n` started expert servers on 127.0.0.1 port 0 (in `loop`); yields their ExpertServerParts."""
+    """`n` started expert servers on 127.0.0.1 port 0 (in `loop`); yields them (`ExpertServer`)."""
     parts = []
     try:
         for _ in range(n):
             cfg = ExpertServerConfig(model_dir=str(model_dir), **overrides)
-            p = loop.run(in_loop(build_expert_server, cfg), 60)  # an aio server belongs to the loop it is built in
+            p, _ = loop.run(create_server(cfg), 60)  # an aio server belongs to the loop it is built in
             parts.append(p)
-            loop.run(p.server.start(), 30)
+            loop.run(p.start(), 30)
         yield parts
     finally:
         for p in parts:
-            loop.run(p.server.shutdown(0.5), 30)
+            loop.run(p.shutdown(0.5), 30)
 
 
 @pytest.fixture(scope="session")

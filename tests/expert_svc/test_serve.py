@@ -11,7 +11,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from expert_svc.serve import drain
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
@@ -46,7 +45,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
                 call = asyncio.ensure_future(one_call(ch))
                 while srv.shard.stats.in_flight == 0:
                     await asyncio.sleep(0.01)
-                draining = asyncio.ensure_future(drain(srv, None, timeout_s=10))
+                draining = asyncio.ensure_future(srv.drain(10))
                 await asyncio.sleep(0.2)
                 status = (await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())).status
                 assert not draining.done()  # waits for the call in flight
@@ -162,7 +161,7 @@ def test_drain_does_not_wait_out_an_idle_forward_stream(moe_dir, loop):
             req = routed_request(4, [1])
             t.forward(req).result(30)  # the stream is open and idle now
             started = time.monotonic()
-            loop.run(drain(srv, None, timeout_s=20), 30)
+            loop.run(srv.drain(20), 30)
             assert time.monotonic() - started < 5  # not the 20 s drain timeout
             with pytest.raises(MeshError):
                 t.forward(req).result(30)

@@ -133,10 +133,10 @@ def test_malformed_requests_are_invalid_argument_naming_the_field(moe_dir, mutat
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "mxfp4", "nvfp4"])
 def test_quantized_experts_match_the_in_process_engine(moe_dir, fmt):
     from moemesh.checkpoint import CheckpointReader
-    from moemesh.config import ModelConfig
+    from moemesh.models.registry import load_model_config
     from moemesh.moe.local_experts import LocalExperts
 
-    cfg = ModelConfig.from_model_dir(moe_dir)
+    cfg = load_model_config(moe_dir)
     local = LocalExperts.from_checkpoint(CheckpointReader(moe_dir), cfg, torch.float32, fmt)
     shard = make_shard(moe_dir, experts_dtype=fmt)
     shard.load(1, [3, 4, 6])

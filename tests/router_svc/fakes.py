@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import asyncio
 
-from router_svc.types import LoadReport, SequenceUpdate
+import grpc
+
+from moemesh.contracts.info import LoadReport
+from moemesh.errors import MeshError
+from router_svc.types import SequenceUpdate
 
 
 class FakeAttention:
@@ -60,8 +64,6 @@ class DownAttention(FakeAttention):
     """A replica that refuses every sequence as UNAVAILABLE (draining or down)."""
 
     async def generate(self, spec, timeout):
-        from router_svc.errors import RequestError
-
         self.specs.append(spec)
-        raise RequestError("UNAVAILABLE", "attention: this replica is shutting down")
+        raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: this replica is shutting down")
         yield  # an async generator, like the real client

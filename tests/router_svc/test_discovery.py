@@ -5,13 +5,14 @@ import asyncio
 
 import pytest
 
+from moemesh.contracts.info import LoadReport
+from moemesh.svc_config import from_sources
 from router_svc.admission import Admission
 from router_svc.config import RouterConfig
 from router_svc.discovery import Discovery, parse_target
 from router_svc.replicas import Replica, ReplicaSet
 from router_svc.router import Router
-from router_svc.types import GenerationInput, LoadReport
-from moemesh.svc_config import from_sources
+from router_svc.types import GenerationInput
 from tests.router_svc.fakes import FakeAttention
 
 

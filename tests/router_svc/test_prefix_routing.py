@@ -10,7 +10,8 @@ from router_svc.admission import Admission
 from router_svc.prefix_index import PrefixIndex
 from router_svc.replicas import Replica, ReplicaSet
 from router_svc.router import Router
-from router_svc.types import GenerationInput, LoadReport
+from moemesh.contracts.info import LoadReport
+from router_svc.types import GenerationInput
 from tests.router_svc.fakes import FakeAttention
 
 SYSTEM = list(range(100, 132))  # 8 blocks of 4

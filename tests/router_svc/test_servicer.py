@@ -1,8 +1,10 @@
 """Proto <-> domain translation of the Generation servicer (no server needed)."""
 import pytest
 
+import grpc
+
+from moemesh.errors import MeshError
 from router_svc.client import Completion, build_request
-from router_svc.errors import RequestError
 from router_svc.servicer import parse_request, to_input, to_response
 from router_svc.types import Delta, Finished
 
@@ -23,9 +25,9 @@ def test_each_input_kind_translates():
 
 
 def test_malformed_bytes_are_invalid_argument():
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(MeshError) as e:
         parse_request(b"\x1a\x05ab")  # length runs past the end
-    assert e.value.code == "INVALID_ARGUMENT" and e.value.message.startswith("request:")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.message.startswith("request:")
 
 
 def test_responses_accumulate_into_the_run_json_shape():

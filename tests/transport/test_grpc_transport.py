@@ -63,7 +63,7 @@ def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop)
         try:
             req = routed_request(5, [2])
             t.forward(req).result(30)
-            loop.run(srv.server.stop(0), 30)
+            loop.run(srv.mesh.stop(0), 30)
             with pytest.raises(MeshError) as e:
                 t.forward(req).result(30)
             assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)

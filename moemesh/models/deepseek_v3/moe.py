@@ -23,7 +23,7 @@ from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
 from moemesh.models.layers import silu_mlp
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import LayerKnobs
+from moemesh.contracts.knobs import LayerKnobs
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_at
 from moemesh.models.layers import rms_norm
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
 

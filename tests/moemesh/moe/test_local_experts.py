@@ -52,10 +52,10 @@ def test_unknown_layer_is_an_error():
 
 def test_pack_and_the_all_experts_path_are_choices_at_load(tiny_ckpt):
     from moemesh.checkpoint import CheckpointReader
-    from moemesh.config import ModelConfig
+    from moemesh.models.registry import load_model_config
 
     path, _ = tiny_ckpt("mixtral")  # top-2: a sparse model
-    reader, cfg = CheckpointReader(path), ModelConfig.from_model_dir(path)
+    reader, cfg = CheckpointReader(path), load_model_config(path)
     layer = cfg.moe_layers[0]
     assert LocalExperts.from_checkpoint(reader, cfg, torch.float32).layers[layer].concatenated is not None
     assert LocalExperts.from_checkpoint(reader, cfg, torch.float32, all_experts_path=False).layers[layer].concatenated is None

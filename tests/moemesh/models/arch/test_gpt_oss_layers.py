@@ -14,6 +14,7 @@ from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from moemesh.models.gpt_oss.experts import load_gpt_oss_experts
 from moemesh.models.gpt_oss.router import topk_softmax_router
 from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_attention
+from moemesh.models.registry import parse_model_config
 from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta
 from tests.moemesh.models.arch.reference import tiny_config
 
@@ -89,4 +90,4 @@ def test_unsupported_config_names_the_field(bad, field):
     from moemesh.config import ModelConfig
 
     with pytest.raises(ConfigError, match=field):
-        ModelConfig.from_dicts(raw)
+        parse_model_config(raw)

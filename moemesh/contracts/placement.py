@@ -1,12 +1,13 @@
-"""The placement every attention replica and expert server agrees on, versioned.
+"""`Placement`: the versioned map every attention replica and expert server agrees on.
 
 `replicas[layer][e]` is the tuple of expert-server ids holding a copy of logical expert `e` of MoE
 layer `layer` (at least one each). Attention replicas spread an expert's rows over its copies.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
+
+LayerExperts = dict[int, tuple[int, ...]]  # layer -> logical experts (ascending)
 
 
 @dataclass(frozen=True)
@@ -30,24 +31,11 @@ class Placement:
         """Every server id that holds at least one expert, sorted."""
         return tuple(sorted({s for experts in self.replicas.values() for copies in experts for s in copies}))
 
-    def experts_on(self, server: str) -> dict[int, tuple[int, ...]]:
+    def experts_on(self, server: str) -> LayerExperts:
         """layer -> logical experts (ascending) that `server` holds."""
-        out: dict[int, tuple[int, ...]] = {}
+        out: LayerExperts = {}
         for layer, experts in self.replicas.items():
             held = tuple(e for e, copies in enumerate(experts) if server in copies)
             if held:
                 out[layer] = held
         return out
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"version": self.version, "replicas": {str(l): [list(c) for c in ex] for l, ex in self.replicas.items()}}
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> "Placement":
-        d = json.loads(text)
-        return cls(
-            version=int(d["version"]),
-            replicas={int(l): tuple(tuple(c) for c in ex) for l, ex in d["replicas"].items()},
-        )
