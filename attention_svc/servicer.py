@@ -18,6 +18,8 @@ def to_request(msg) -> SequenceRequest:
     sampling["stop_token_ids"] = tuple(msg.stop_token_ids)
     sampling["ignore_eos"] = msg.ignore_eos
     sampling["prompt_logprobs"] = msg.prompt_logprobs
+    if msg.top_logprobs:
+        sampling["top_logprobs"] = msg.top_logprobs
     return SequenceRequest(msg.request_id, tuple(msg.prompt_token_ids), sampling, msg.logprobs)
 
 
@@ -27,6 +29,9 @@ def to_update(out, logprobs: bool):
         msg.token_ids.append(out.token_id)
         if logprobs:
             msg.logprobs.append(out.logprob)
+        if out.top_logprobs is not None:
+            msg.top_logprobs.append(pb.SequenceTopLogprobs(
+                token_ids=[t for t, _ in out.top_logprobs], logprobs=[lp for _, lp in out.top_logprobs]))
     if out.prompt_logprobs is not None:
         msg.prompt_logprobs.extend(pb.SequencePromptLogprob(logprob=lp) for lp in out.prompt_logprobs)
     if out.cached_tokens is not None:

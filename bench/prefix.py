@@ -60,7 +60,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def stream(stub, prompt: list[int], max_new_tokens: int, on_token=None) -> Stream:
     """Sends one greedy request and records its timeline; `on_token(n)` after each response with tokens."""
-    from router_svc.client import build_request
+    from moemesh.rpc.generation import build_request
 
     req = build_request(prompt_token_ids=prompt, max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
     s = Stream(time.perf_counter())
@@ -78,7 +78,7 @@ async def with_stub(router: str, body):
     import grpc
 
     from moemesh.rpc.config import RpcConfig
-    from router_svc.client import pb_grpc
+    from moemesh.rpc.generation import pb_grpc
 
     async with grpc.aio.insecure_channel(router, options=RpcConfig().channel_options()) as channel:
         return await body(pb_grpc.GenerationStub(channel))

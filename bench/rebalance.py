@@ -32,7 +32,7 @@ from moemesh.launcher.health import wait_serving
 from moemesh.launcher.mesh import serve_argv
 from moemesh.launcher.ports import free_port
 from moemesh.rpc.protos import load
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 
 gen_pb, gen_grpc = load("generation")
 PROMPTS = [

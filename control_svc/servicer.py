@@ -11,8 +11,10 @@ from moemesh.contracts.wire import (
     STATES, control_grpc, control_pb2, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
 )
 from moemesh.errors import MeshError
+from moemesh.rpc.protos import load
 
 SERVICE_NAME = "moemesh.v1.ControlService"
+expert_pb2, _ = load("expert")
 
 
 def update_message(view: PlacementView):
@@ -42,6 +44,9 @@ def status_message(st: ControlStatus):
             for r in st.replicas
         ],
         knobs=knobs_to_proto(st.knobs), switching=st.switching, placement=placement_to_proto(st.placement),
+        expert_loads=[
+            expert_pb2.ExpertLoad(layer=layer, expert_id=e, tokens=n) for layer, row in st.expert_loads for e, n in enumerate(row)
+        ],
     )
 
 

@@ -35,6 +35,7 @@ class ControlStatus:
     servers: tuple[ExpertServerStatus, ...]
     replicas: tuple[ReplicaStatus, ...]
     switching: bool
+    expert_loads: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (MoE layer, window tokens per logical expert)
 
 
 def gather_status(plane) -> ControlStatus:
@@ -50,6 +51,9 @@ def gather_status(plane) -> ControlStatus:
         ReplicaStatus(r.replica_id, r.address, r.adopted_version or 0, r.alive, now - r.last_heartbeat)
         for r in plane.registry.attention.values()
     )
+    load = plane.load()  # [L, E]
+    loads = tuple((layer, tuple(int(n) for n in row)) for layer, row in zip(plane.moe_layers, load.tolist()))
     return ControlStatus(
-        view.placement, view.knobs, plane.balancedness(), int(plane.load().sum()), tuple(servers), replicas, bool(plane.switch.running)
+        view.placement, view.knobs, plane.balancedness(), int(load.sum()), tuple(servers), replicas, bool(plane.switch.running),
+        loads,
     )

@@ -9,15 +9,15 @@ the test extra) or else the first on PATH.
 `violations(objs)` returns one line per broken rule (empty = all good):
 
 - every long-running container (Deployments) has gRPC startup, readiness and liveness probes on
-  its own gRPC port;
+  its own gRPC port; the HTTP gateway HTTP probes on its `http` port, readiness on `/health`;
 - every container (init containers and Jobs included) requests and limits cpu and memory; a GPU
   (`nvidia.com/gpu`) limit equals its request; a container told to compute on `cuda` has one;
 - every container runs as non-root with a read-only root filesystem, no privilege escalation,
   all capabilities dropped, never privileged;
 - Deployment selectors match their pod labels; every Service, PodDisruptionBudget and
   NetworkPolicy selects pods that exist; every autoscaler targets an existing Deployment;
-- every expert pool (Deployment with component=expert) and the attention Deployment have their
-  own PodDisruptionBudget and HorizontalPodAutoscaler;
+- every expert pool (Deployment with component=expert), the attention and the gateway Deployments
+  have their own PodDisruptionBudget and HorizontalPodAutoscaler;
 - every `MOEMESH_<SERVICE>_<FIELD>` a manifest sets (env or an envFrom ConfigMap) names a field
   the service's config dataclass accepts (`moemesh serve` derives the same names), with a value
   that field can read (a `*_DEVICE` value is `cpu`, `cuda` or `cuda:N`);
@@ -31,7 +31,8 @@ the test extra) or else the first on PATH.
   (clusterIP None, so the name resolves to every ready pod) with that port, and it re-resolves
   (`discovery_interval_s` > 0);
 - the expert pools start at least the expert servers the control plane waits for;
-- the model volume is a PersistentVolumeClaim mounted read-only.
+- the model volume is a PersistentVolumeClaim mounted read-only (by every service but the gateway,
+  which reads no model).
 """
 from __future__ import annotations
 

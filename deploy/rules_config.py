@@ -5,6 +5,7 @@ from typing import Any
 
 from deploy.manifest import (
     ENV_RE,
+    HTTP_SERVICES,
     INTERNAL,
     Obj,
     config_value,
@@ -15,6 +16,7 @@ from deploy.manifest import (
     pod_specs,
     selector_matches,
     service_of,
+    serving_port_of,
     template_labels_of,
     workloads_of,
 )
@@ -66,8 +68,9 @@ def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list
                 continue
             env = effective_env(c, objs)
             port, host = config_value(service, "port", env, fields), config_value(service, "host", env, fields)
-            if port != grpc_port_of(c):
-                out.append(f"{obj_name(o)}: {service} binds port {port} but declares gRPC port {grpc_port_of(c)}")
+            if port != serving_port_of(c):
+                kind = "HTTP" if service in HTTP_SERVICES else "gRPC"
+                out.append(f"{obj_name(o)}: {service} binds port {port} but declares {kind} port {serving_port_of(c)}")
             if host != "0.0.0.0":
                 out.append(f"{obj_name(o)}: {service} binds {host!r}, unreachable from other pods")
             if service in INTERNAL:

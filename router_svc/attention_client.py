@@ -40,6 +40,7 @@ def to_proto(spec: SequenceSpec):
         logprobs=s.logprobs,
         prompt_logprobs=s.prompt_logprobs,
         ignore_eos=s.ignore_eos,
+        top_logprobs=s.top_logprobs,
     )
 
 
@@ -49,6 +50,7 @@ def from_proto(msg) -> SequenceUpdate:
         logprobs=tuple(msg.logprobs),
         finish_reason=msg.finish_reason,
         prompt_logprobs=tuple(p.logprob if p.HasField("logprob") else None for p in msg.prompt_logprobs),
+        top_logprobs=tuple(tuple(zip(t.token_ids, t.logprobs)) for t in msg.top_logprobs),
         cached_tokens=msg.cached_tokens if msg.HasField("cached_tokens") else None,
     )
 

@@ -129,7 +129,7 @@ async def run_grpc(address: str, work: Workload, name: str = "mesh") -> BenchRes
     import grpc
 
     from moemesh.rpc.config import RpcConfig
-    from router_svc.client import build_request, pb_grpc
+    from moemesh.rpc.generation import build_request, pb_grpc
 
     prompts = work.prompts()
     timings: list[RequestTiming | None] = [None] * work.num_requests

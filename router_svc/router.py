@@ -39,7 +39,8 @@ class Router:
             if spec.request_id in self._placed:
                 raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")
             try:
-                out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer)
+                wants_texts = spec.sampling.logprobs or spec.sampling.top_logprobs > 0
+                out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer, token_texts=wants_texts)
                 finish = ""
                 async with aclosing(self._updates(spec, timeout)) as updates:
                     async for update in updates:
@@ -83,6 +84,14 @@ class Router:
                 self.replicas.mark_unavailable(replica)
                 tried.add(replica.address)
 
+    def count_tokens(self, req: GenerationInput) -> int:
+        """How many prompt tokens `req`'s input makes, as `generate` would tokenize it."""
+        return self.preparer.count(req)
+
+    @property
+    def serving(self) -> bool:
+        """Whether an attention replica can take a sequence now."""
+        return any(r.available for r in self.replicas.replicas)
     def _prefix_keys(self, spec: SequenceSpec) -> list:
         """The keys of the prompt's full KV blocks, when the replicas cache prefixes and routing uses them."""
         info = self.info

@@ -19,7 +19,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
+from moemesh.rpc.server import NOT_SERVING, SERVING, MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import MetricsServer, ServiceMetrics
 from router_svc.admission import Admission
 from router_svc.attention_client import AttentionClient
@@ -56,6 +56,18 @@ class RouterServer:
         self.metrics = metrics
         self.metrics_server = metrics_server  # /metrics when cfg.metrics_port is set
         self._tasks: list[asyncio.Task] = []
+        self._health: asyncio.Task | None = None
+
+    async def track_health(self) -> None:
+        """The Generation service's health follows the replicas: SERVING only while one is available
+        (the overall "" status stays the process's own, which the launcher and liveness probes read)."""
+        serving = None
+        while True:
+            now = self.router.serving
+            if now != serving:
+                await self.mesh.health.set(SERVICE_NAME, SERVING if now else NOT_SERVING)
+                serving = now
+            await asyncio.sleep(self.cfg.load_poll_s)
 
     @property
     def address(self) -> str:
@@ -72,6 +84,7 @@ class RouterServer:
         if self.metrics_server is not None:
             self._tasks.append(asyncio.create_task(self._refresh_gauges()))
         await self.mesh.start()
+        self._health = asyncio.create_task(self.track_health())
 
     async def _refresh_gauges(self) -> None:
         """The queue depth on /metrics, refreshed every poll period."""
@@ -81,6 +94,8 @@ class RouterServer:
 
     async def shutdown(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING, new calls UNAVAILABLE, in-flight streams get the grace period."""
+        if self._health is not None:
+            self._health.cancel()
         await self.mesh.shutdown(grace_s)
         for task in self._tasks:
             task.cancel()

@@ -14,7 +14,7 @@ from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
 from router_svc.router import Router
-from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec
+from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec, ToolCallSpec, ToolSpec
 from router_svc.utf8 import find_bad_utf8
 
 SERVICE_NAME = "moemesh.v1.Generation"
@@ -50,21 +50,43 @@ def to_input(req) -> GenerationInput:
         logprobs=req.logprobs,
         prompt_logprobs=req.prompt_logprobs,
         ignore_eos=req.ignore_eos,
+        top_logprobs=req.top_logprobs,
     )
     return GenerationInput(
         request_id=req.request_id or uuid.uuid4().hex,
         model=req.model,
         prompt=req.prompt if which == "prompt" else None,
         prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
-        messages=tuple(ChatTurn(m.role, m.content) for m in req.messages.messages) if which == "messages" else None,
+        messages=tuple(to_turn(m) for m in req.messages.messages) if which == "messages" else None,
         sampling=sampling,
         stop=tuple(req.stop),
+        tools=tuple(ToolSpec(t.name, t.description, t.parameters) for t in req.tools),
+        chat_template_kwargs=tuple(sorted(req.chat_template_kwargs.items())),
+        fill_context=req.fill_context,
+        continue_final_message=req.continue_final_message,
+    )
+
+
+def to_turn(m) -> ChatTurn:
+    return ChatTurn(
+        role=m.role, content=m.content, tool_calls=tuple(ToolCallSpec(c.id, c.name, c.arguments) for c in m.tool_calls),
+        tool_call_id=m.tool_call_id, name=m.name, reasoning_content=m.reasoning_content,
     )
 
 
 def to_response(request_id: str, item):
     if isinstance(item, Delta):
-        return pb.GenerateResponse(request_id=request_id, text=item.text, token_ids=item.token_ids, logprobs=item.logprobs)
+        msg = pb.GenerateResponse(
+            request_id=request_id, text=item.text, token_ids=item.token_ids, logprobs=item.logprobs, tokens=item.tokens,
+            top_logprobs=[
+                pb.TopLogprobs(candidates=[pb.TokenLogprob(token_id=c.token_id, token=c.token, logprob=c.logprob) for c in top])
+                for top in item.top_logprobs
+            ],
+        )
+        if item.prompt_tokens is not None:
+            msg.usage.CopyFrom(pb.Usage(prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens,
+                                        cached_tokens=item.cached_tokens))
+        return msg
     return pb.GenerateResponse(
         request_id=request_id,
         finish_reason=item.finish_reason,
@@ -72,6 +94,7 @@ def to_response(request_id: str, item):
                        cached_tokens=item.cached_tokens),
         prompt_token_ids=item.prompt_token_ids,
         prompt_logprobs=[pb.PromptLogprob(logprob=lp) for lp in item.prompt_logprobs],
+        stop_string=item.stop_string,
     )
 
 
@@ -112,9 +135,15 @@ class GenerationServicer:
     async def GetModelInfo(self, request, context: grpc.aio.ServicerContext):
         return info_to_proto(self.router.info)
 
+    async def CountTokens(self, raw: bytes, context: grpc.aio.ServicerContext):
+        try:
+            return pb.TokenCount(prompt_tokens=self.router.count_tokens(to_input(parse_request(raw))))
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
+
 
 def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
-    """Like the generated `add_GenerationServicer_to_server`, but Generate receives raw bytes."""
+    """Like the generated `add_GenerationServicer_to_server`, but Generate and CountTokens receive raw bytes."""
     handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
             servicer.Generate,
@@ -125,6 +154,11 @@ def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None
             servicer.Abort,
             request_deserializer=pb.AbortRequest.FromString,
             response_serializer=pb.AbortResponse.SerializeToString,
+        ),
+        "CountTokens": grpc.unary_unary_rpc_method_handler(
+            servicer.CountTokens,
+            request_deserializer=None,
+            response_serializer=pb.TokenCount.SerializeToString,
         ),
         "GetModelInfo": grpc.unary_unary_rpc_method_handler(
             servicer.GetModelInfo,

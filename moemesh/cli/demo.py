@@ -56,7 +56,7 @@ def run(ns: argparse.Namespace) -> int:
 def ask(router: str, question: str, max_new_tokens: int) -> None:
     import grpc
 
-    from router_svc.client import build_request, pb_grpc
+    from moemesh.rpc.generation import build_request, pb_grpc
 
     with grpc.insecure_channel(router) as channel:
         stub = pb_grpc.GenerationStub(channel)

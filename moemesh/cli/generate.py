@@ -47,7 +47,7 @@ def generate(ns: argparse.Namespace, args: PromptArgs) -> int:
     import grpc
 
     from moemesh.rpc.config import RpcConfig
-    from router_svc.client import Completion, build_request, pb, pb_grpc
+    from moemesh.rpc.generation import Completion, build_request, pb, pb_grpc
 
     with grpc.insecure_channel(ns.addr, options=RpcConfig().channel_options()) as channel:
         stub = pb_grpc.GenerationStub(channel)

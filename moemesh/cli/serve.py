@@ -1,4 +1,4 @@
-"""`moemesh serve router|attention|expert|control [flags]`: run one service of the mesh.
+"""`moemesh serve router|attention|expert|control|gateway [flags]`: run one service of the mesh.
 
 Each service's flags (and `MOEMESH_<SERVICE>_*` env overrides) derive from its frozen config
 dataclass through `moemesh.svc_config`. Every service is put together the same way: `x_svc.config`
@@ -17,6 +17,7 @@ SERVICES = {
     "attention": ("attention_svc.config:AttentionConfig", "attention_svc.server:run"),
     "expert": ("expert_svc.config:ExpertServerConfig", "expert_svc.server:run"),
     "control": ("control_svc.config:ControlConfig", "control_svc.server:run"),
+    "gateway": ("gateway_svc.config:GatewayConfig", "gateway_svc.server:run"),
 }
 
 
@@ -28,7 +29,7 @@ def resolve(spec: str):
 def register(subparsers) -> None:
     from moemesh.svc_config import add_arguments
 
-    p = subparsers.add_parser("serve", help="run one service of the mesh (router, attention, expert, control)")
+    p = subparsers.add_parser("serve", help="run one service of the mesh (router, attention, expert, control, gateway)")
     services = p.add_subparsers(dest="service", required=True, metavar="SERVICE")
     for name, (config_spec, run_spec) in SERVICES.items():
         try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -31,10 +32,13 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("up", help="start the whole mesh on this machine (control, experts, attention, router)")
     add_mesh_arguments(p)
     p.add_argument("--port", type=int, default=0, metavar="P", help="the router's port (0 = any free port)")
+    p.add_argument("--http-port", type=int, default=None, metavar="P",
+                   help="also start the HTTP gateway (OpenAI/Anthropic APIs, chat page) on this port (0 = any free port)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="the gateway's API key (default: MOEMESH_API_KEY, else none)")
     p.set_defaults(func=run)
 
 
-def mesh_spec(ns: argparse.Namespace, port: int = 0):
+def mesh_spec(ns: argparse.Namespace, port: int = 0, http_port: int | None = None, api_key: str = ""):
     from moemesh.launcher.mesh import MeshSpec
 
     model = ns.model
@@ -46,7 +50,7 @@ def mesh_spec(ns: argparse.Namespace, port: int = 0):
         model_dir=model, expert_servers=ns.expert_servers, attention_replicas=ns.attention_replicas,
         experts_dtype=ns.experts_dtype, transport=ns.transport, port=port,
         start_timeout_s=ns.start_timeout, attention_threads=ns.attention_threads,
-        prefix_cache=ns.prefix_cache, max_num_batched_tokens=ns.max_num_batched_tokens,
+        prefix_cache=ns.prefix_cache, max_num_batched_tokens=ns.max_num_batched_tokens, http_port=http_port, api_key=api_key,
     )
 
 
@@ -54,7 +58,8 @@ def run(ns: argparse.Namespace) -> int:
     from moemesh.launcher.mesh import Mesh, MeshFailed
 
     try:
-        mesh = Mesh(mesh_spec(ns, ns.port), ns.log_dir)
+        api_key = ns.api_key if ns.api_key is not None else os.environ.get("MOEMESH_API_KEY", "")
+        mesh = Mesh(mesh_spec(ns, ns.port, ns.http_port, api_key), ns.log_dir)
     except (ValueError, FileNotFoundError) as e:
         print(f"moemesh up: error: {e}", file=sys.stderr)
         return 2
@@ -66,7 +71,8 @@ def run(ns: argparse.Namespace) -> int:
     except MeshFailed as e:
         print(f"moemesh up: error: {e}", file=sys.stderr)
         return 1
-    print(f"moemesh: serving router={router} control={control}", flush=True)
+    http = f" http={mesh.http_addr}" if mesh.http_addr else ""
+    print(f"moemesh: serving router={router} control={control}{http}", flush=True)
     dead = mesh.watch(stop)
     mesh.stop()
     if dead is not None:

@@ -23,7 +23,7 @@ from moemesh.engine.device import DeviceReader, on_device, select_device
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.outputs import GenerationResult, StepOutput
 from moemesh.engine.request import Request
-from moemesh.engine.sampler import sample, target_logprobs
+from moemesh.engine.sampler import sample, target_logprobs, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
 from moemesh.engine.scheduler import SchedulerStats, ScheduledChunk, Scheduler
 from moemesh.models.batch import BatchMeta, SeqSlice
@@ -146,9 +146,11 @@ class LLMEngine:
             if not done:  # only prompt chunks that do not end their prompt
                 return outputs
             reqs = [r for r, _ in done]
-            tokens, lps = sample(torch.stack([row for _, row in done]), [r.params for r in reqs], [r.generator for r in reqs])
-            for req, tok, lp in zip(reqs, tokens, lps):
-                outputs.append(self._update(req, tok, lp))
+            last = torch.stack([row for _, row in done])  # [B, V]
+            tokens, lps = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
+            tops = top_logprobs(last, [r.params.top_logprobs for r in reqs])
+            for req, tok, lp, top in zip(reqs, tokens, lps, tops):
+                outputs.append(self._update(req, tok, lp, top))
             return outputs
 
     def _slice(self, chunk: ScheduledChunk) -> SeqSlice:
@@ -171,7 +173,7 @@ class LLMEngine:
                 by_slice[id(s)] = logits[first : first + n]
         return [by_slice[id(s)] for s in slices]
 
-    def _update(self, req: Request, token: int, logprob: float) -> StepOutput:
+    def _update(self, req: Request, token: int, logprob: float, top: list[tuple[int, float]] | None = None) -> StepOutput:
         first = not req.output_token_ids
         plp = None
         if req.prompt_logprobs_pending:
@@ -186,7 +188,7 @@ class LLMEngine:
             self.scheduler.remove(req)
         return StepOutput(
             req.request_id, token, logprob, req.finish_reason is not None, req.finish_reason, plp,
-            cached_tokens=req.cached_tokens if first else None,
+            cached_tokens=req.cached_tokens if first else None, top_logprobs=top,
         )
 
     # ---- convenience ----------------------------------------------------------------------------

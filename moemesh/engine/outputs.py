@@ -11,7 +11,8 @@ class StepOutput:
     """token_id / logprob: the token generated this step (None for an abort);
     finish_reason: None while running, else "stop" | "length" | "abort";
     prompt_logprobs: on a request's first output when asked for: [None, lp(p1|p0), ...];
-    cached_tokens: on a request's first output: prompt tokens served from the prefix cache."""
+    cached_tokens: on a request's first output: prompt tokens served from the prefix cache;
+    top_logprobs: when asked for, the k most likely (token id, logprob) pairs at this position."""
 
     request_id: str
     token_id: int | None
@@ -20,6 +21,7 @@ class StepOutput:
     finish_reason: str | None = None
     prompt_logprobs: list[float | None] | None = None
     cached_tokens: int | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
 
 
 @dataclass(frozen=True)

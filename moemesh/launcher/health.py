@@ -1,4 +1,5 @@
-"""Waiting for a service to answer grpc.health.v1 with SERVING."""
+"""Waiting for a service to answer grpc.health.v1 with SERVING (or, for the HTTP gateway, its
+`/health` with 200)."""
 from __future__ import annotations
 
 import time
@@ -28,3 +29,23 @@ def wait_serving(address: str, timeout_s: float, alive=lambda: True) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{address} was not serving after {timeout_s:.0f}s")
             time.sleep(0.1)
+
+
+def wait_http_ok(url: str, timeout_s: float, alive=lambda: True) -> None:
+    """Polls `url` until it answers 200; raises ChildExited if `alive()` turns False, TimeoutError at the end."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not alive():
+            raise ChildExited(url)
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s")
+        time.sleep(0.1)

@@ -1,6 +1,7 @@
 """`Mesh`: the whole mesh on this machine as child processes.
 
-    start: control -> expert servers -> attention replicas -> router, each healthy before the next
+    start: control -> expert servers -> attention replicas -> router (-> HTTP gateway), each healthy
+           before the next
     watch: until asked to stop or a child exits on its own
     stop:  SIGTERM all (router first, so streams drain), then SIGKILL what is left
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moemesh.launcher.child import Child, stop_all
-from moemesh.launcher.health import ChildExited, wait_serving
+from moemesh.launcher.health import ChildExited, wait_http_ok, wait_serving
 from moemesh.launcher.ports import free_port
 
 
@@ -30,6 +31,8 @@ class MeshSpec:
     start_timeout_s: float = 300.0
     grace_s: float = 10.0
     attention_threads: int = 0  # 0 = this machine's cores split evenly over the compute processes
+    http_port: int | None = None  # the HTTP gateway's; None = no gateway, 0 = any free port
+    api_key: str = ""  # the gateway's API key (empty = none)
     prefix_cache: bool = True  # attention replicas reuse cached prompt prefixes
     max_num_batched_tokens: int = 0  # attention replicas' token budget per step; 0 = their default
 
@@ -48,6 +51,8 @@ class MeshSpec:
             raise ValueError(f"transport must be grpc, dist or auto, got {self.transport!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
         if self.max_num_batched_tokens < 0:
             raise ValueError(f"max_num_batched_tokens must be >= 0 (0 = the replicas' default), got {self.max_num_batched_tokens}")
 
@@ -78,6 +83,7 @@ class Mesh:
         self.addresses: dict[str, str] = {}  # child name -> its gRPC address
         self.router_addr = ""
         self.control_addr = ""
+        self.http_addr = ""  # the gateway's HOST:PORT when spec.http_port is set
 
     def _spawn(self, name: str, service: str, flags: dict[str, object]) -> str:
         s = self.spec
@@ -125,10 +131,28 @@ class Mesh:
                 "port": s.port or None, "attention": ",".join(attention), "model_dir": s.model_dir,
             })
             self._wait([self.router_addr])
+            if s.http_port is not None:
+                self._start_gateway()
         except BaseException:
             self.stop()
             raise
         return self.router_addr, self.control_addr
+
+    def _start_gateway(self) -> None:
+        """The HTTP gateway in front of the router; waits until its /health answers 200. The API key
+        travels in the environment (MOEMESH_API_KEY), not on the command line."""
+        s = self.spec
+        port = s.http_port or free_port(s.host)
+        flags = {"host": s.host, "port": port, "router": self.router_addr, "control": self.control_addr}
+        env = {**os.environ, "MOEMESH_API_KEY": s.api_key} if s.api_key else None
+        child = Child("gateway", serve_argv("gateway", flags), self.log_dir / "gateway.log", env=env)
+        self.children.append(child)
+        self.http_addr = f"{s.host}:{port}"
+        self.addresses["gateway"] = self.http_addr
+        try:
+            wait_http_ok(f"http://{self.http_addr}/health", s.start_timeout_s, alive=lambda: child.poll() is None)
+        except (ChildExited, TimeoutError) as exc:
+            raise MeshFailed(f"gateway did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
 
     def exited(self) -> Child | None:
         """The first child that has exited, if any."""

@@ -1,6 +1,6 @@
 """`ServiceMetrics`: the mesh's Prometheus metrics for one service instance, in its own registry.
 
-Metric names (every one labelled `service`, the service kind: router|attention|expert|control):
+Metric names (every one labelled `service`, the service kind: router|attention|expert|control|gateway):
 
 | name | type | labels | set by |
 | --- | --- | --- | --- |
@@ -15,6 +15,9 @@ Metric names (every one labelled `service`, the service kind: router|attention|e
 | `moemesh_gpu_power_watts` | gauge | | idem |
 | `moemesh_placement_balancedness` | gauge | | `set_placement` (control plane) |
 | `moemesh_placement_version` | gauge | | `set_placement` |
+| `moemesh_http_requests_total` | counter | endpoint, status | `observe_request` (gateway) |
+| `moemesh_time_to_first_token_seconds` | histogram | endpoint | `observe_ttft` (gateway) |
+| `moemesh_tokens_total` | counter | kind (prompt, completion) | `add_tokens` (gateway) |
 | `moemesh_prefix_cache_queries_total` | counter | | read from the engine's `SchedulerStats` at scrape (attention): prompt tokens looked up |
 | `moemesh_prefix_cache_hits_total` | counter | | idem: prompt tokens found in the prefix cache (not computed again) |
 | `moemesh_prefix_cache_hit_ratio` | gauge | | idem: hits / queries since start (0 before any lookup) |
@@ -41,8 +44,9 @@ from moemesh.telemetry.load_counter import ExpertLoadCounter
 if TYPE_CHECKING:
     from moemesh.engine.scheduler import SchedulerStats
 
-SERVICES = ("router", "attention", "expert", "control")
+SERVICES = ("router", "attention", "expert", "control", "gateway")
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -118,6 +122,10 @@ class ServiceMetrics:
         self._batch = Histogram("moemesh_batch_size", "Tokens per step", lab, buckets=BATCH_BUCKETS, registry=r).labels(service)
         self._balance = Gauge("moemesh_placement_balancedness", "Mean/max per-server expert load", lab, registry=r).labels(service)
         self._version = Gauge("moemesh_placement_version", "Placement version in force", lab, registry=r).labels(service)
+        self._requests = Counter("moemesh_http_requests", "HTTP requests answered", ["service", "endpoint", "status"], registry=r)
+        self._ttft = Histogram("moemesh_time_to_first_token_seconds", "Request start to first generated token",
+                               ["service", "endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self._tokens = Counter("moemesh_tokens", "Prompt and generated tokens", ["service", "kind"], registry=r)
         r.register(_ScrapeCollector(service, load, gpu, scheduler))
 
     def set_queue_depth(self, n: int) -> None:
@@ -149,6 +157,20 @@ class ServiceMetrics:
             raise ValueError(f"version must be >= 0 and balancedness in [0, 1], got {version}, {balancedness}")
         self._version.set(version)
         self._balance.set(balancedness)
+
+    def observe_request(self, endpoint: str, status: int) -> None:
+        self._requests.labels(self.service, endpoint, str(status)).inc()
+
+    def observe_ttft(self, endpoint: str, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"time to first token must be >= 0, got {seconds}")
+        self._ttft.labels(self.service, endpoint).observe(seconds)
+
+    def add_tokens(self, prompt: int, completion: int) -> None:
+        if prompt < 0 or completion < 0:
+            raise ValueError(f"token counts must be >= 0, got {prompt}, {completion}")
+        self._tokens.labels(self.service, "prompt").inc(prompt)
+        self._tokens.labels(self.service, "completion").inc(completion)
 
     def render(self) -> bytes:
         """The text exposition format, as `/metrics` serves it."""

@@ -7,7 +7,9 @@ from moemesh.cli.main import build_parser, main
 
 
 @pytest.mark.parametrize("service, flag", [("router", "--attention"), ("attention", "--control-addr"),
-                                           ("expert", "--control-addr"), ("control", "--expected-expert-servers")])
+                                           ("expert", "--control-addr"), ("control", "--expected-expert-servers"),
+                                           ("gateway", "--router"), ("gateway", "--api-key"), ("gateway", "--served-model-name"),
+                                           ("gateway", "--control")])
 def test_each_service_has_its_config_flags(service, flag, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", service, "--help"])
@@ -29,3 +31,8 @@ def test_env_overrides_apply(monkeypatch, capsys):
     monkeypatch.setenv("MOEMESH_ROUTER_MAX_RUNNING", "0")
     assert main(["serve", "router"]) == 2
     assert "max_running must be >= 1" in capsys.readouterr().err
+
+
+def test_gateway_needs_the_router(capsys):
+    assert main(["serve", "gateway"]) == 2
+    assert "router is required" in capsys.readouterr().err

@@ -14,26 +14,27 @@ import pytest
 from tests.e2e.helpers import assert_same_generation, attention_load, generate_json, run_json
 
 LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+)$")
+HTTP_LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+) http=(127\.0\.0\.1:\d+)$")
 
 
-def start_up(model_dir, tmp_path, *extra):
+def start_up(model_dir, tmp_path, *extra, line=LINE):
     proc = subprocess.Popen(
         [sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(model_dir), "--log-dir", str(tmp_path), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    line = proc.stdout.readline().rstrip("\n")
-    m = LINE.match(line)
+    printed = proc.stdout.readline().rstrip("\n")
+    m = line.match(printed)
     if not m:
         proc.kill()
-        pytest.fail(f"moemesh up printed {line!r}; stderr:\n{proc.stderr.read()}")
-    return proc, m.group(1), m.group(2)
+        pytest.fail(f"moemesh up printed {printed!r}; stderr:\n{proc.stderr.read()}")
+    return (proc, *m.groups())
 
 
 def spread_over_replicas(router: str, replicas: list[psutil.Process]) -> None:
     """Concurrent requests land on both attention replicas (least loaded first)."""
     import grpc
 
-    from router_svc.client import build_request
+    from moemesh.rpc.generation import build_request
     from tests.e2e.helpers import gen_grpc
 
     addresses = [f"127.0.0.1:{p.cmdline()[p.cmdline().index('--port') + 1]}" for p in replicas]
@@ -92,3 +93,25 @@ def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "expert_servers must be >= 1" in out.stderr
+
+
+def test_up_with_http_port_starts_the_gateway(tiny_model_dir, tmp_path):
+    import httpx
+
+    proc, router, control, http = start_up(tiny_model_dir, tmp_path, "--expert-servers", "1", "--http-port", "0",
+                                           "--api-key", "k1", line=HTTP_LINE)
+    try:
+        children = descendants(proc.pid)
+        gateway = [c for c in children if "gateway" in c.cmdline()]
+        assert len(gateway) == 1 and "k1" not in " ".join(gateway[0].cmdline())  # the key travels in the environment
+        assert httpx.get(f"http://{http}/health").status_code == 200
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
+        assert httpx.post(f"http://{http}/v1/chat/completions", json=body).status_code == 401
+        r = httpx.post(f"http://{http}/v1/chat/completions", json=body, headers={"Authorization": "Bearer k1"}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.get(f"http://{http}/api/mesh", headers={"x-api-key": "k1"}).json()["available"]  # --control is passed on
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert_all_gone(children)
+    finally:
+        proc.kill()

@@ -7,6 +7,7 @@ from control_svc.config import ControlConfig
 from control_svc.server import create_server
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
+from moemesh.models.registry import load_model_config
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
 from tests.expert_svc.fixtures import running_expert_servers
@@ -97,6 +98,9 @@ def test_metrics_endpoint_and_status_rpc(moe_dir, loop):
 
         st, err = loop.run(status(), 30)
         assert st.placement_version == 0 and list(st.servers) == [] and st.balancedness == 1.0
+        model = load_model_config(str(moe_dir))
+        assert sorted((el.layer, el.expert_id, el.tokens) for el in st.expert_loads) == [
+            (layer, e, 0) for layer in model.moe_layers for e in range(model.num_experts)]  # the heat map, idle
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "no placement yet" in err.details()
     finally:
         loop.run(control_server.shutdown(0.2), 30)

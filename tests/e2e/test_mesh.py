@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from tests.e2e.helpers import assert_same_generation, gen_grpc, generate_json, run_json, wait_idle
 
 MESHES = [

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from moemesh.launcher.child import stop_all
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from tests.e2e.helpers import assert_same_generation, attention_load, gen_grpc, generate_json, run_json, start_service
 
 SYSTEM = [(7 * i) % 500 + 3 for i in range(64)]  # 4 blocks of 16

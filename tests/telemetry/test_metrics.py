@@ -81,7 +81,7 @@ def test_bad_values_name_field(call, field):
 
 def test_unknown_service_rejected():
     with pytest.raises(ValueError, match="service"):
-        ServiceMetrics("gateway")
+        ServiceMetrics("frontend")
 
 
 def test_http_endpoint_on_ephemeral_port():

@@ -116,6 +116,23 @@ def test_top_k_one_sampling_is_greedy(tiny_ckpt):
     assert sampled.logprobs == pytest.approx(greedy.logprobs, abs=1e-6)
 
 
+def test_top_logprobs_only_for_the_requests_that_ask(tiny_ckpt):
+    path, _ = tiny_ckpt("mixtral")
+    e = engine(path)
+    e.add_request("top", PROMPTS[0], SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True, top_logprobs=4))
+    e.add_request("plain", PROMPTS[1], GREEDY)
+    seen = {"top": [], "plain": []}
+    while e.has_unfinished():
+        for out in e.step():
+            if out.token_id is not None:
+                seen[out.request_id].append(out)
+    assert all(o.top_logprobs is None for o in seen["plain"])
+    for o in seen["top"]:
+        ids, lps = zip(*o.top_logprobs)
+        assert len(ids) == 4 and list(lps) == sorted(lps, reverse=True)
+        assert ids[0] == o.token_id and lps[0] == pytest.approx(o.logprob, abs=1e-6)  # greedy picks the most likely
+
+
 def test_moe_knobs_between_steps_equal_a_fresh_engine(tiny_ckpt):
     path, _ = tiny_ckpt("mixtral")
     lp = SamplingParams(max_new_tokens=4, temperature=0.0, prompt_logprobs=True, ignore_eos=True)

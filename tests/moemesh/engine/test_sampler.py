@@ -1,6 +1,6 @@
 import torch
 
-from moemesh.engine.sampler import filter_logits, sample, target_logprobs
+from moemesh.engine.sampler import filter_logits, sample, target_logprobs, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
 
 
@@ -38,3 +38,13 @@ def test_target_logprobs_pick_each_rows_target():
     out = target_logprobs(logits, [2, 3, 9])
     assert len(out) == 3
     assert out == [torch.log_softmax(logits[i], -1)[t].item() for i, t in enumerate([2, 3, 9])]
+
+
+def test_top_logprobs_per_row():
+    logits = torch.tensor([[0.0, 3.0, 1.0, -1.0], [2.0, 0.0, 0.5, 0.0]])
+    lp = torch.log_softmax(logits, -1)
+    out = top_logprobs(logits, [2, 0])
+    assert [t for t, _ in out[0]] == [1, 2] and out[1] is None
+    torch.testing.assert_close(torch.tensor([v for _, v in out[0]]), lp[0, [1, 2]])
+    assert top_logprobs(logits, [0, 0]) == [None, None]
+    assert len(top_logprobs(logits, [9, 1])[0]) == 4  # at most the vocabulary
