@@ -26,6 +26,7 @@ class AttentionConfig:
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
     def __post_init__(self) -> None:
+        self.rpc.security.require_token()  # a service never serves open by accident
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:

@@ -86,7 +86,7 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
         loop = StepLoop(engine, between_steps=follower.begin_step if follower else lambda: None, on_step=metrics.observe_step, wake=wake)
         replica = AttentionReplica(engine, loop, lambda: experts.placement.version if experts else 0)
         mesh = build_server(cfg.rpc, Service(pb_grpc.add_AttentionServicer_to_server, AttentionServicer(replica), SERVICE_NAME))
-        port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        port = mesh.bind(f"{cfg.host}:{cfg.port}")
         if follower is not None:
             await follower.start(experts, f"{cfg.host}:{port}", engine_knob_setter(engine), wake.set)
     except BaseException:

@@ -6,7 +6,8 @@
   window load is switched in when the policy says it is worth it (`placement.plan_rebalance`);
 - knobs: top-k / capacity changes are a new version with the same replicas and new knobs;
 - join: a server registering after the initial placement gets experts (a forced rebalance);
-- drain: a draining server's experts move to the others before it leaves;
+- drain: a draining server's experts move to the others before it leaves; undrain: it serves
+  again and a forced rebalance gives it experts back;
 - failover: a server that misses heartbeats for `dead_after_s`, or that an attention replica
   reports unreachable and that then fails a probe, is declared dead; its copies with replicas
   elsewhere are dropped from the placement, its sole copies move to the others (evacuate).
@@ -22,7 +23,7 @@ import torch
 
 from control_svc.board import PlacementBoard, PlacementView
 from control_svc.config import ControlConfig
-from control_svc.load import window_load
+from control_svc.load import bounded_stats, window_load
 from control_svc.placement import RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
@@ -69,6 +70,10 @@ class ControlPlane:
 
     # ---- registration ------------------------------------------------------------------------
     def register_expert(self, info: ServerInfo) -> ServerInfo:
+        # a server registering from the address of one we think alive is its restart (only one process
+        # can listen there): the old one is gone, its experts fail over now rather than after dead_after_s
+        for old in [r.info.server_id for r in self.registry.experts.values() if r.info.address == info.address and r.info.state != "dead"]:
+            self.declare_dead(old, f"a new server registered from its address {info.address}")
         rec = self.registry.register_expert(info)
         log.info("expert server %s registered at %s (%s)", rec.server_id, rec.address, rec.device)
         if self.board.version == 0 and len(self.registry.serving()) >= self.expected and self._initial is None:
@@ -97,6 +102,9 @@ class ControlPlane:
             await asyncio.sleep(0.02)
 
     def heartbeat(self, id_: str, adopted_version: int | None, stats: Any) -> bool:
+        """Records a heartbeat (the stats bounded: `load.bounded_stats`); False for an unknown id."""
+        if stats is not None:
+            stats = bounded_stats(stats, self.moe_layers, self.num_experts, self.cfg.max_expert_tokens_per_s)
         return self.registry.heartbeat(id_, adopted_version, stats)
 
     # ---- load and balance --------------------------------------------------------------------
@@ -197,6 +205,16 @@ class ControlPlane:
         self._background(self._evacuate(server_id), f"evacuating {server_id}", lambda: self.moving.discard(server_id))
         return state, True
 
+    def undrain(self, server_id: str) -> tuple[str, bool]:
+        """A draining server serves again; once a placement exists, a forced rebalance (queued behind
+        an evacuation still running) gives it experts back. Returns (state, placing)."""
+        state = self.registry.undrain(server_id)
+        self.moving.discard(server_id)
+        if self.board.version == 0:
+            return state, False
+        self._background(self.rebalance(force=True), f"placing experts on undrained server {server_id}", lambda: None)
+        return state, True
+
     def _targets(self) -> list[tuple[str, int]]:
         return [(s.server_id, s.slot_budget) for s in self.registry.serving()]
 
@@ -230,7 +248,14 @@ class ControlPlane:
 
     def _fail_over(self, server_id: str, why: str) -> None:
         log.warning("expert server %s is dead (%s): moving its experts away", server_id, why)
-        self._background(self._evacuate(server_id), f"failover of {server_id}", lambda: None)
+
+        async def evacuate_and_forget() -> None:
+            try:
+                await self._evacuate(server_id)
+            finally:
+                await self.ops.forget(server_id)  # its channel (and reconnect backoff) goes with it
+
+        self._background(evacuate_and_forget(), f"failover of {server_id}", lambda: None)
 
     async def report_failure(self, server_id: str, detail: str) -> bool:
         """An attention replica could not reach `server_id`. Probe it; when it does not answer

@@ -1,8 +1,8 @@
 """`Registry`: the expert servers and attention replicas the control plane knows, and their liveness.
 
 Expert servers get ids "expert-0", "expert-1", ...; attention replicas "attention-0", ...
-States: serving -> draining (asked to leave) -> removed on Deregister; serving/draining -> dead
-when no heartbeat arrived for `dead_after_s`.
+States: serving -> draining (asked to leave) -> removed on Deregister, or back to serving
+(undrain); serving/draining -> dead when no heartbeat arrived for `dead_after_s`.
 """
 from __future__ import annotations
 
@@ -81,6 +81,15 @@ class Registry:
         rec = self.expert(id_)
         if rec.info.state == "serving":
             rec.info = dataclasses.replace(rec.info, state="draining")
+        return rec.info.state
+
+    def undrain(self, id_: str) -> str:
+        """A draining server serves again (a serving one stays so); MeshError FAILED_PRECONDITION
+        for a dead one (it must register again)."""
+        rec = self.expert(id_)
+        if rec.info.state == "dead":
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, f"id: {id_!r} is dead: a dead server registers again instead")
+        rec.info = dataclasses.replace(rec.info, state="serving")
         return rec.info.state
 
     def mark_dead(self, id_: str) -> bool:

@@ -60,7 +60,7 @@ async def create_server(cfg: ControlConfig) -> tuple[ControlServer, int]:
     metrics = ServiceMetrics("control")
     plane = ControlPlane(model.moe_layers, model.num_experts, cfg, ops, metrics=metrics)
     mesh = build_server(cfg.rpc, Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(plane), SERVICE_NAME))
-    port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = mesh.bind(f"{cfg.host}:{cfg.port}")
     metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None
     if metrics_server is not None:
         mesh.add_cleanup(metrics_server.stop)

@@ -73,7 +73,10 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         if not request.id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "id is empty")
         adopted = request.adopted_version if request.HasField("adopted_version") else None
-        known = self.plane.heartbeat(request.id, adopted, request.stats if request.HasField("stats") else None)
+        try:
+            known = self.plane.heartbeat(request.id, adopted, request.stats if request.HasField("stats") else None)
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         rec = self.plane.registry.experts.get(request.id)
         state = STATES[rec.info.state] if rec else control_pb2.SERVER_STATE_UNSPECIFIED
         return control_pb2.HeartbeatResponse(
@@ -86,6 +89,13 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         except MeshError as e:
             await context.abort(e.code, e.message)
         return control_pb2.DrainResponse(state=STATES[state], moving=moving)
+
+    async def Undrain(self, request, context):
+        try:
+            state, placing = self.plane.undrain(request.id)
+        except MeshError as e:
+            await context.abort(e.code, e.message)
+        return control_pb2.UndrainResponse(state=STATES[state], placing=placing)
 
     async def Deregister(self, request, context):
         try:

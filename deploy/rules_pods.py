@@ -6,19 +6,22 @@ from deploy.manifest import (
     MODEL_CLAIM,
     NO_MODEL,
     Obj,
+    config_value,
     containers_of,
+    effective_env,
     grpc_port_of,
     named_port_of,
     obj_name,
     service_of,
     pod_specs,
     selector_matches,
+    service_of,
     template_labels_of,
     workloads_of,
 )
 
 
-def check_probes(objs: list[Obj], **_) -> list[str]:
+def check_probes(objs: list[Obj], fields: dict | None = None, **_) -> list[str]:
     out = []
     for o in objs:
         if o.get("kind") != "Deployment":
@@ -28,6 +31,13 @@ def check_probes(objs: list[Obj], **_) -> list[str]:
                 out += http_probe_violations(o, c)
                 continue
             port = grpc_port_of(c)
+            service = service_of(c)
+            if fields and service in fields and "health_port" in fields[service]:
+                health = config_value(service, "health_port", effective_env(c, objs), fields)
+                if health is not None:
+                    port = health  # the plaintext health server (TLS on the gRPC port)
+                    if not any(p.get("containerPort") == health for p in c.get("ports", [])):
+                        out.append(f"{obj_name(o)} container {c['name']}: health port {health} is not declared")
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 p = c.get(probe)
                 if not p or "grpc" not in p:

@@ -42,6 +42,7 @@ class ExpertServerConfig:
     def __post_init__(self) -> None:
         if not self.model_dir:
             raise ValueError("model_dir must name a model directory")
+        self.rpc.security.require_token()  # a service never serves open by accident
         if not (self.device == "cpu" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ValueError(f"device must be cpu or cuda:N, got {self.device!r}")
         for name in ("port", "dist_port"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 import threading
 import uuid
 from typing import Callable
@@ -50,12 +51,14 @@ class DistHub:
         self._lock = threading.Lock()
         self._closed = False
 
-    def open(self, client_id: str, client_host_id: str) -> str:
-        """Start forming a pair group with `client_id` and serving it; returns the link id it must join."""
+    def open(self, client_id: str, client_host_id: str) -> tuple[str, bytes]:
+        """Start forming a pair group with `client_id` and serving it; returns the link id it must
+        join and the link's secret (the client proves it knows it before the link serves)."""
         if client_host_id != self.host_id:
             raise ValueError(f"host_id {client_host_id!r} is not this server's node ({self.host_id!r}): use the grpc transport")
         link_id = f"{client_id}/{uuid.uuid4().hex[:12]}"
-        thread = threading.Thread(target=self._run_link, args=(link_id,), name=f"dist-link-{link_id}", daemon=True)
+        secret = secrets.token_bytes(32)
+        thread = threading.Thread(target=self._run_link, args=(link_id, secret), name=f"dist-link-{link_id}", daemon=True)
         with self._lock:
             if self._closed:
                 raise ValueError("the server is stopping: no new dist links")
@@ -63,19 +66,19 @@ class DistHub:
             self._ending &= set(self._threads)
             self._threads[link_id] = thread
         thread.start()
-        return link_id
+        return link_id, secret
 
     @property
     def open_links(self) -> int:
         with self._lock:
             return sum(t.is_alive() for t in self._threads.values())
 
-    def _run_link(self, link_id: str) -> None:
+    def _run_link(self, link_id: str, secret: bytes) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
         try:
-            link = open_link(self.store, link_id, SERVER_RANK, self.backend, self.host, self.device, self.timeout_s)
-        except RuntimeError as e:
+            link = open_link(self.store, link_id, SERVER_RANK, self.backend, self.host, self.device, self.timeout_s, secret)
+        except (RuntimeError, LinkBroken) as e:
             log.warning("dist link %s: the client did not join: %s", link_id, e)
             return
         try:

@@ -39,8 +39,9 @@ class ExpertServer:
     """The gRPC server, the shard it serves, the dist hub, GPU telemetry, /metrics and the control agent."""
 
     def __init__(self, mesh: MeshServer, port: int, shard: ExpertShard, dist: DistHub | None, cfg: ExpertServerConfig,
-                 gpu: GpuTelemetry, metrics: ServiceMetrics, metrics_server: MetricsServer | None) -> None:
+                 gpu: GpuTelemetry, metrics: ServiceMetrics, metrics_server: MetricsServer | None, servicer: ExpertServicer) -> None:
         self.mesh = mesh
+        self.servicer = servicer
         self.port = port
         self.shard = shard
         self.dist = dist
@@ -70,6 +71,7 @@ class ExpertServer:
             return
         try:
             self.agent = ControlAgent(self.cfg.control_addr, self.cfg.rpc, self.info(), lambda: stats_message(self.shard, gpu=self.gpu))
+            self.servicer.drop_guard = self.agent.check_drop
             placement = await self.agent.register()
             for layer, experts in placement.experts_on(self.agent.server_id).items():
                 await asyncio.to_thread(self.shard.load, layer, experts)
@@ -142,7 +144,7 @@ async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
     pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
     servicer = ExpertServicer(shard, pool, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0)
     mesh = build_server(cfg.rpc, Service(expert_grpc.add_ExpertServiceServicer_to_server, servicer, SERVICE_NAME))
-    port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = mesh.bind(f"{cfg.host}:{cfg.port}")
     mesh.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))
     if dist is not None:
         mesh.add_cleanup(dist.close)
@@ -150,7 +152,7 @@ async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
     if metrics_server is not None:
         mesh.add_cleanup(metrics_server.stop)
     mesh.add_cleanup(gpu.close)
-    return ExpertServer(mesh, port, shard, dist, cfg, gpu, metrics, metrics_server), port
+    return ExpertServer(mesh, port, shard, dist, cfg, gpu, metrics, metrics_server, servicer), port
 
 
 async def run(cfg: ExpertServerConfig, stop: asyncio.Event) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Awaitable, Callable
 
 import grpc
 import torch
@@ -64,6 +65,8 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         self.shard = shard
         self.pool = pool
         self.dist = dist
+        # with a control plane: `ControlAgent.check_drop`, which refuses drops of experts still placed here
+        self.drop_guard: Callable[[dict[int, list[int]]], Awaitable[None]] | None = None
 
     async def _call(self, fn, *args, inline: bool = False):
         """fn(*args) on the compute pool (or here, `inline`); failures raise MeshError with their status."""
@@ -102,6 +105,11 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         return expert_set(self.shard.held())
 
     async def DropExperts(self, request, context):
+        if self.drop_guard is not None:
+            try:
+                await self.drop_guard({le.layer: list(le.expert_ids) for le in request.experts})
+            except MeshError as e:
+                await context.abort(e.code, e.message)
         for le in request.experts:
             await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
         return expert_set(self.shard.held())
@@ -113,10 +121,11 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         if self.dist is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this server offers no torch.distributed transport (transport=grpc)")
         try:
-            link_id = self.dist.open(request.client_id, request.host_id)
+            link_id, secret = self.dist.open(request.client_id, request.host_id)
         except ValueError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return expert_pb2.OpenDistLinkResponse(link_id=link_id, store_addr=self.dist.addr, backend=self.dist.backend, client_rank=CLIENT_RANK)
+        return expert_pb2.OpenDistLinkResponse(
+            link_id=link_id, store_addr=self.dist.addr, backend=self.dist.backend, client_rank=CLIENT_RANK, link_secret=secret)
 
 
 def gpu_message(gpu: GpuTelemetry | None):

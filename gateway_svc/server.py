@@ -89,7 +89,8 @@ class GatewayServer:
 
 
 async def create_server(cfg: GatewayConfig) -> tuple[GatewayServer, int]:
-    client = GenerationClient(cfg.router, cfg.rpc)
+    # one public API key guards both doors: the gateway's clients send it, the gateway sends it on
+    client = GenerationClient(cfg.router, cfg.rpc, api_key=effective_api_key(cfg))
     try:
         info = await client.model_info(timeout=cfg.connect_timeout_s, wait_for_ready=True)
     except MeshError as exc:

@@ -5,7 +5,9 @@ the only default. Precedence: default < environment < command line. A field whos
 dataclass (e.g. `rpc: RpcConfig`, `engine: EngineConfig`) is flattened: its fields become flags of
 the service, under their own names.
 Field metadata may carry "help", "choices", "metavar" and "flag" (the flag's name when it is not
-the field's, e.g. "--model" for `model_dir`). The metadata of a nested dataclass field may carry
+the field's, e.g. "--model" for `model_dir`), "env" (a service-independent environment variable
+also read, below the service's own: `MOEMESH_MESH_TOKEN`, `MOEMESH_API_KEY`; commands read it too)
+and "secret" (no flag: a secret on a command line is visible to every local user). The metadata of a nested dataclass field may carry
 "omit" (its fields that get no flag: they keep their defaults), "defaults" (field -> the default
 this use of it has instead of the nested class's) and "flags" (field -> flag name in this use).
 Supported field types: str, int, float, bool, `X | None` of those (an empty string means None),
@@ -43,8 +45,9 @@ class FieldSpec:
     default: Any
     help: str
     choices: tuple | None
-    flag: str = ""  # "--name" unless the metadata names another
+    flag: str = ""  # "--name" unless the metadata names another; "" for a secret (env only)
     metavar: str = ""
+    global_env: str = ""  # an environment variable read whatever the service
 
     @property
     def required(self) -> bool:
@@ -77,12 +80,13 @@ def field_specs(cls: type, omit: Sequence[str] = (), defaults: Mapping[str, Any]
             default = f.default_factory()
         default = defaults.get(f.name, default)
         choices = f.metadata.get("choices")
-        flag = flags.get(f.name) or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        flag = "" if f.metadata.get("secret") else flags.get(f.name) or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         specs.append(FieldSpec(
             (f.name,), f.name, kind, item, optional, default, f.metadata.get("help", ""), tuple(choices) if choices else None,
-            flag, f.metadata.get("metavar") or ("|".join(map(str, choices)) if choices else flag.lstrip("-").replace("-", "_").upper()),
+            flag, f.metadata.get("metavar") or ("|".join(map(str, choices)) if choices else (flag or f.name).lstrip("-").replace("-", "_").upper()),
+            f.metadata.get("env", ""),
         ))
-    for what, keys in (("fields", [s.name for s in specs]), ("flags", [s.flag for s in specs])):
+    for what, keys in (("fields", [s.name for s in specs]), ("flags", [s.flag for s in specs if s.flag])):
         dup = {n for n in keys if keys.count(n) > 1}
         if dup:
             raise TypeError(f"{cls.__name__}: flattened config {what} collide: {sorted(dup)}")
@@ -108,7 +112,10 @@ def env_name(service: str, field_name: str) -> str:
 
 
 def _source(spec: FieldSpec, service: str | None) -> str:
-    return spec.flag + (f" or env {env_name(service, spec.name)}" if service else "")
+    names = [spec.flag] if spec.flag else []
+    names += [f"env {env_name(service, spec.name)}"] if service else []
+    names += [f"env {spec.global_env}"] if spec.global_env else []
+    return " or ".join(names)
 
 
 def convert(spec: FieldSpec, text: str, source: str) -> Any:
@@ -143,11 +150,15 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, service: str | Non
     """Add one flag per (flattened) field of `cls`; unset flags are absent from the namespace.
     The help names the default and, for a service, the environment variable."""
     for spec in field_specs(cls):
+        if not spec.flag:
+            continue  # a secret: environment only
         shown = "required" if spec.required else f"default {spec.default!r}"
         if spec.choices:
             shown = f"one of {', '.join(str(c) for c in spec.choices)}; {shown}"
         if service:
             shown += f"; env {env_name(service, spec.name)}"
+        if spec.global_env:
+            shown += f" or {spec.global_env}"
         help_text = f"{spec.help} ({shown})".strip()
         if spec.kind is bool:
             parser.add_argument(spec.flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
@@ -156,17 +167,20 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, service: str | Non
 
 
 def from_sources(cls: type[T], service: str | None, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> T:
-    """Build the config: defaults, then `env` (os.environ when None; none without a service), then
-    the parsed `args`."""
-    env = {} if not service else os.environ if env is None else env
+    """Build the config: defaults, then the fields' service-independent environment variables, then
+    the service's `MOEMESH_<SERVICE>_*` ones (without a service, only the former), then the parsed
+    `args`. `env` is os.environ when None."""
+    env = os.environ if env is None else env
     given = vars(args) if args is not None else {}
     values: dict[tuple[str, ...], Any] = {}
     for spec in field_specs(cls):
         value = spec.default
+        if spec.global_env and spec.global_env in env:
+            value = convert(spec, env[spec.global_env], f"env {spec.global_env}")
         var = env_name(service, spec.name) if service else ""
-        if var in env:
+        if var and var in env:
             value = convert(spec, env[var], f"env {var}")
-        if spec.name in given:
+        if spec.name in given and spec.flag:
             raw = given[spec.name]
             value = raw if isinstance(raw, bool) else convert(spec, raw, spec.flag)
         if value is dataclasses.MISSING:

@@ -32,12 +32,15 @@ class Router:
         self.tokenizer = tokenizer
         self.preparer = RequestPreparer(info, tokenizer)
         self._placed: dict[str, object] = {}  # request id -> replica running it
+        self._callers: dict[str, str] = {}  # request id -> who started it (only they may abort it)
 
-    async def generate(self, req: GenerationInput, timeout: float | None = None) -> AsyncIterator[Delta | Finished]:
+    async def generate(self, req: GenerationInput, timeout: float | None = None, caller: str = "") -> AsyncIterator[Delta | Finished]:
+        """caller: who sends the request (`moemesh.rpc.security.caller_identity`); `abort` honours only them."""
         spec = self.preparer.prepare(req)
         async with self.admission.slot():
-            if spec.request_id in self._placed:
+            if spec.request_id in self._placed or spec.request_id in self._callers:
                 raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")
+            self._callers[spec.request_id] = caller
             try:
                 wants_texts = spec.sampling.logprobs or spec.sampling.top_logprobs > 0
                 out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer, token_texts=wants_texts)
@@ -61,6 +64,7 @@ class Router:
                 yield out.finish(finish)
             finally:
                 self._placed.pop(spec.request_id, None)
+                self._callers.pop(spec.request_id, None)
 
     async def _updates(self, spec: SequenceSpec, timeout: float | None) -> AsyncIterator[SequenceUpdate]:
         """The sequence's updates from the replica `ReplicaSet.pick` chooses for its prompt. A replica that
@@ -99,9 +103,10 @@ class Router:
             return []
         return block_hashes(spec.prompt_token_ids, info.kv_block_size)
 
-    async def abort(self, request_id: str) -> bool:
-        """Stops a running request; its stream ends with finish_reason "abort". False if unknown."""
+    async def abort(self, request_id: str, caller: str = "") -> bool:
+        """Stops a running request `caller` started; its stream ends with finish_reason "abort".
+        False if unknown, or started by another caller (to them it is as if it did not exist)."""
         replica = self._placed.get(request_id)
-        if replica is None:
+        if replica is None or self._callers.get(request_id) != caller:
             return False
         return await replica.client.abort(request_id)

@@ -19,6 +19,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from moemesh.rpc.security import api_key_credential
 from moemesh.rpc.server import NOT_SERVING, SERVING, MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import MetricsServer, ServiceMetrics
 from router_svc.admission import Admission
@@ -107,7 +108,7 @@ class RouterServer:
 async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> tuple[RouterServer, int]:
     discovery = Discovery(cfg.attention_addresses, resolver)
 
-    def make_client(address: str) -> AttentionClient:
+    def make_client(address: str) -> AttentionClient:  # carries the mesh token: replicas are internal
         return AttentionClient(address, cfg.rpc)
 
     clients = [make_client(a) for a in await discovery.wait_for_addresses(cfg.connect_timeout_s)]
@@ -120,8 +121,9 @@ async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> 
     info = replace(info, has_chat_template=bool(tokenizer and tokenizer.has_chat_template))
     replicas = ReplicaSet([Replica(c.address, c) for c in clients], cfg.prefix_imbalance if cfg.prefix_routing else None)
     router = Router(info, replicas, Admission(cfg.max_running, cfg.max_queued), tokenizer)
-    mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME))
-    port = mesh.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    # the public API asks for the API key (when one is set), never the mesh token
+    mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME), credential=api_key_credential(cfg.api_key))
+    port = mesh.bind(f"{cfg.host}:{cfg.port}")
     metrics = ServiceMetrics("router")
     metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None
     return RouterServer(mesh, port, router, discovery, make_client, cfg, metrics, metrics_server), port

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
+from moemesh.rpc.security import caller_identity
 from router_svc.router import Router
 from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec, ToolCallSpec, ToolSpec
 from router_svc.utf8 import find_bad_utf8
@@ -120,14 +121,14 @@ class GenerationServicer:
     async def Generate(self, raw: bytes, context: grpc.aio.ServicerContext):
         try:
             inp = to_input(parse_request(raw))
-            async for item in self.router.generate(inp, timeout=context.time_remaining()):
+            async for item in self.router.generate(inp, timeout=context.time_remaining(), caller=caller_identity(context)):
                 yield to_response(inp.request_id, item)
         except MeshError as exc:
             await context.abort(exc.code, exc.message)
 
     async def Abort(self, request, context: grpc.aio.ServicerContext):
         try:
-            found = await self.router.abort(request.request_id)
+            found = await self.router.abort(request.request_id, caller=caller_identity(context))
         except MeshError as exc:
             await context.abort(exc.code, exc.message)
         return pb.AbortResponse(found=found)

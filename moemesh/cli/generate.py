@@ -6,6 +6,7 @@ import dataclasses
 import json
 import sys
 
+from moemesh.cli.client_args import RouterClientArgs, add_client_arguments, client_args
 from moemesh.cli.prompt_args import PromptArgs
 from moemesh.svc_config import add_arguments, from_sources
 
@@ -20,6 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="", help="model name to ask for (default: whatever the mesh serves)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline for the whole request")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_client_arguments(p, RouterClientArgs)
     p.set_defaults(func=run)
 
 
@@ -33,23 +35,25 @@ def run(ns: argparse.Namespace) -> int:
 
     try:
         args = prompt_args(ns)
+        client = client_args(RouterClientArgs, ns)
     except ValueError as e:
         print(f"moemesh generate: error: {e}", file=sys.stderr)
         return 2
     try:
-        return generate(ns, args)
+        return generate(ns, args, client)
+    except ValueError as e:  # e.g. --addr is not host:port
+        print(f"moemesh generate: error: {e}", file=sys.stderr)
+        return 2
     except grpc.RpcError as e:
         print(f"moemesh generate: error: {e.code().name}: {e.details()}", file=sys.stderr)
         return 1
 
 
-def generate(ns: argparse.Namespace, args: PromptArgs) -> int:
-    import grpc
-
-    from moemesh.rpc.config import RpcConfig
+def generate(ns: argparse.Namespace, args: PromptArgs, client: RouterClientArgs) -> int:
+    from moemesh.rpc.server import make_sync_channel
     from moemesh.rpc.generation import Completion, build_request, pb, pb_grpc
 
-    with grpc.insecure_channel(ns.addr, options=RpcConfig().channel_options()) as channel:
+    with make_sync_channel(ns.addr, client.rpc(), api_key=client.api_key) as channel:
         stub = pb_grpc.GenerationStub(channel)
         ids = args.token_ids
         prompt = {"prompt_token_ids": ids} if ids is not None else {"prompt": args.prompt}

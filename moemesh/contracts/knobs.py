@@ -32,13 +32,11 @@ class MoeKnobs:
     def __post_init__(self) -> None:
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.capacity_factor is not None and math.isnan(self.capacity_factor):
-            raise ValueError("capacity_factor must be a number, got NaN")
+        check_capacity_factor(self.capacity_factor)
         for s in self.layers:
             if s.top_k is not None and s.top_k < 1:
                 raise ValueError(f"top_k for layer {s.layer} must be >= 1, got {s.top_k}")
-            if s.capacity_factor is not None and math.isnan(s.capacity_factor):
-                raise ValueError(f"capacity_factor for layer {s.layer} must be a number, got NaN")
+            check_capacity_factor(s.capacity_factor, f" for layer {s.layer}")
         ids = [s.layer for s in self.layers]
         if ids != sorted(set(ids)):
             raise ValueError(f"layers must be ascending, one entry per layer, got {ids}")
@@ -86,6 +84,12 @@ class MoeKnobs:
         return "; ".join(parts)
 
 
+def check_capacity_factor(cf: float | None, where: str = "") -> None:
+    """ValueError naming the field unless `cf` is unset or finite (any sign: see the module doc)."""
+    if cf is not None and not math.isfinite(cf):
+        raise ValueError(f"capacity_factor{where} must be a finite number (>0 capacity, 0 dropless, <0 dropless up to |cf|), got {cf}")
+
+
 def check_change(
     moe_layers: Sequence[int], num_experts: int, top_k: int | None = None, capacity_factor: float | None = None, layer: int | None = None
 ) -> None:
@@ -93,8 +97,7 @@ def check_change(
     fit a model with these MoE layers and experts (or changes nothing)."""
     if top_k is not None and not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
-    if capacity_factor is not None and math.isnan(capacity_factor):
-        raise ValueError("capacity_factor must be a number, got NaN")
+    check_capacity_factor(capacity_factor)
     if layer is not None and layer not in moe_layers:
         raise ValueError(f"layer {layer} is not a MoE layer (MoE layers: {list(moe_layers)})")
     if top_k is None and capacity_factor is None:

@@ -7,15 +7,19 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.server import make_sync_channel
+
 
 class ChildExited(RuntimeError):
     """A child process exited while the launcher waited for it."""
 
 
-def wait_serving(address: str, timeout_s: float, alive=lambda: True) -> None:
-    """Polls `address` until SERVING; raises ChildExited if `alive()` turns False, TimeoutError at the end."""
+def wait_serving(address: str, timeout_s: float, alive=lambda: True, rpc: RpcConfig | None = None) -> None:
+    """Polls `address` until SERVING (over TLS when `rpc` has certificates); raises ChildExited if
+    `alive()` turns False, TimeoutError at the end."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    with make_sync_channel(address, rpc or RpcConfig()) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if not alive():

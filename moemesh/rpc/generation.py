@@ -94,9 +94,10 @@ class Completion:
 class GenerationClient:
     """The router's Generation service over one asyncio channel (build it on the loop that uses it)."""
 
-    def __init__(self, address: str, rpc: RpcConfig | None = None) -> None:
+    def __init__(self, address: str, rpc: RpcConfig | None = None, api_key: str = "") -> None:
+        """api_key: sent as `authorization: Bearer KEY` (a router started with --api-key asks for it)."""
         self.address = address
-        self.channel = make_channel(address, rpc or RpcConfig())
+        self.channel = make_channel(address, rpc or RpcConfig(), api_key=api_key)
         self.stub = pb_grpc.GenerationStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 

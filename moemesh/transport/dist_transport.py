@@ -120,8 +120,8 @@ class DistTransport:
             self._store = connect_store(resp.store_addr, self.timeout_s)
         host, _ = split_addr(resp.store_addr, "store_addr")
         try:
-            return open_link(self._store, resp.link_id, resp.client_rank, resp.backend, host, device, self.timeout_s)
-        except (RuntimeError, ValueError) as e:
+            return open_link(self._store, resp.link_id, resp.client_rank, resp.backend, host, device, self.timeout_s, resp.link_secret)
+        except (RuntimeError, ValueError, LinkBroken) as e:
             raise peer_error(self.peer, grpc.StatusCode.UNAVAILABLE, f"cannot form the dist link: {e}") from None
 
     def _submit(self, link: _Link, req: ExpertRequest) -> Future:

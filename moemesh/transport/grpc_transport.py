@@ -28,6 +28,7 @@ import torch
 from moemesh.errors import MeshError, from_rpc_error
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
+from moemesh.rpc.server import make_sync_channel
 from moemesh.transport.base import ExpertRequest, PeerInfo, peer_error, settle
 from moemesh.transport.codec import CodecError, decode, encode
 
@@ -92,9 +93,7 @@ class GrpcTransport:
         if self._closed:
             raise peer_error(self.peer, grpc.StatusCode.CANCELLED, "transport closed")
         if self._stub is None:
-            if not self.peer.address or ":" not in self.peer.address:
-                raise ValueError(f"address must be host:port, got {self.peer.address!r}")
-            self._channel = grpc.insecure_channel(self.peer.address, options=self.rpc.channel_options())
+            self._channel = make_sync_channel(self.peer.address, self.rpc)  # ValueError for an address that is not host:port
             self._stub = expert_grpc.ExpertServiceStub(self._channel)
         return self._stub
 

@@ -8,8 +8,9 @@ import torch
 from attention_svc.config import AttentionConfig
 from moemesh.engine import EngineConfig
 from moemesh.svc_config import field_specs, from_sources, parse_config
+from tests.fixtures.auth import TEST_TOKEN
 
-ENV = {"MOEMESH_ATTENTION_MODEL_DIR": "/m"}
+ENV = {"MOEMESH_ATTENTION_MODEL_DIR": "/m", "MOEMESH_MESH_TOKEN": TEST_TOKEN}
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def test_device_from_the_environment(two_cuda_devices, value):
 
 
 def test_device_flag_beats_the_environment(two_cuda_devices):
-    cfg = parse_config(AttentionConfig, "attention", ["--model-dir", "/m", "--device", "cuda:1"], env={"MOEMESH_ATTENTION_DEVICE": "cpu"})
+    cfg = parse_config(AttentionConfig, "attention", ["--model-dir", "/m", "--device", "cuda:1"], env={"MOEMESH_ATTENTION_DEVICE": "cpu", "MOEMESH_MESH_TOKEN": TEST_TOKEN})
     assert cfg.engine.device == "cuda:1"
 
 

@@ -23,10 +23,10 @@ from moemesh.moe.dispatch import DispatchPlan, make_plan
 from moemesh.moe.gate import Routing, softmax_topk
 from moemesh.moe.layer_experts import LayerExperts
 from moemesh.moe.local_experts import LocalExperts
-from moemesh.rpc.config import RpcConfig
 from moemesh.transport.dist_link import host_id
 from moemesh.transport.dist_transport import DistTransport, open_transport
 from moemesh.transport.grpc_transport import GrpcTransport
+from tests.fixtures.auth import TEST_RPC, token_env
 from tests.expert_svc.fixtures import (  # noqa: F401
     all_weights, expected, loop, moe_dir, plan_expected, routed_plan, routed_request, running_expert_servers,
 )
@@ -214,7 +214,7 @@ def test_remote_equals_local_over_real_servers(moe_dir, loop, transport, n_serve
         placement = round_robin_placement(cfg.moe_layers, 8, [(s, 0) for s in ids], version=1)
         if n_servers > 1:
             placement = Placement(1, {**placement.replicas, 1: tuple((ids[e % n_servers], ids[(e + 1) % n_servers]) for e in range(8))})
-        transport_for = functools.partial(open_transport, mode=transport, rpc=RpcConfig(), timeout_s=20)
+        transport_for = functools.partial(open_transport, mode=transport, rpc=TEST_RPC, timeout_s=20)
         remote = RemoteExperts(placement, infos, transport_for)
         try:
             kinds = {type(t).__name__ for _, t in remote._transports.values()}
@@ -230,7 +230,7 @@ def test_unknown_expert_on_a_server_surfaces_as_failed_precondition(moe_dir, loo
         info = ServerInfo("only", srv.address, host_id=srv.dist.host_id, dist_addr=srv.dist.addr)
         req = routed_request(6, [0, 4])
         for make in (GrpcTransport, DistTransport):
-            t = make(info, RpcConfig(), timeout_s=20)
+            t = make(info, TEST_RPC, timeout_s=20)
             try:
                 with pytest.raises(MeshError, match=r"expert server only .*experts \[4\]") as e:
                     t.forward(req).result(30)
@@ -245,18 +245,18 @@ def test_auto_picks_dist_only_on_this_node(loop):
     no_dist = ServerInfo("c", "127.0.0.1:3", host_id=host_id())
     cuda_peer = ServerInfo("d", "127.0.0.1:4", device="cuda:0", host_id=host_id(), dist_addr="127.0.0.1:5")
     want = DistTransport if torch.cuda.is_available() else GrpcTransport
-    assert isinstance(open_transport(cuda_peer, "auto", RpcConfig()), want)
-    assert isinstance(open_transport(here, "auto", RpcConfig()), DistTransport)
-    assert isinstance(open_transport(elsewhere, "auto", RpcConfig()), GrpcTransport)
-    assert isinstance(open_transport(no_dist, "auto", RpcConfig()), GrpcTransport)
+    assert isinstance(open_transport(cuda_peer, "auto", TEST_RPC), want)
+    assert isinstance(open_transport(here, "auto", TEST_RPC), DistTransport)
+    assert isinstance(open_transport(elsewhere, "auto", TEST_RPC), GrpcTransport)
+    assert isinstance(open_transport(no_dist, "auto", TEST_RPC), GrpcTransport)
     with pytest.raises(ValueError, match="another node"):
-        open_transport(elsewhere, "dist", RpcConfig())
+        open_transport(elsewhere, "dist", TEST_RPC)
     with pytest.raises(ValueError, match="transport must be"):
-        open_transport(here, "smoke", RpcConfig())
+        open_transport(here, "smoke", TEST_RPC)
 
 
 def start_server_process(moe_dir):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(token_env(), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "expert_svc", "--model-dir", str(moe_dir), "--preload", "all", "--transport", "dist"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -279,7 +279,7 @@ def test_dist_transport_across_processes(moe_dir, loop):
             procs.append(start_server_process(moe_dir))
         infos = {f"s{i}": ServerInfo(f"s{i}", addr, host_id=host_id(), dist_addr=dist) for i, (_, addr, dist) in enumerate(procs)}
         placement = round_robin_placement(cfg.moe_layers, 8, [(s, 0) for s in sorted(infos)], version=1)
-        remote = RemoteExperts(placement, infos, lambda peer: DistTransport(peer, RpcConfig(), timeout_s=20))
+        remote = RemoteExperts(placement, infos, lambda peer: DistTransport(peer, TEST_RPC, timeout_s=20))
         try:
             check_equals_local(remote, cfg, weights)
         finally:
@@ -301,7 +301,7 @@ def test_dist_link_to_a_killed_server_fails_fast(moe_dir, loop):
     timeout, and so does the one after it (which tries to open a new link)."""
     cfg, weights = all_weights(moe_dir)
     proc, addr, dist = start_server_process(moe_dir)
-    t = DistTransport(ServerInfo("s0", addr, host_id=host_id(), dist_addr=dist), RpcConfig(), timeout_s=20)
+    t = DistTransport(ServerInfo("s0", addr, host_id=host_id(), dist_addr=dist), TEST_RPC, timeout_s=20)
     try:
         req = routed_request(8, [1, 6], layer=1)
         torch.testing.assert_close(t.forward(req).result(30), expected(req, weights[1]))
@@ -327,7 +327,7 @@ def test_bf16_travels_bit_exactly(moe_dir, loop, make):
     with running_expert_servers(moe_dir, 1, loop, transport="dist", preload="all") as (srv,):
         info = ServerInfo("only", srv.address, host_id=srv.dist.host_id, dist_addr=srv.dist.addr)
         req = routed_request(9, [1, 6], layer=1, dtype=torch.bfloat16)
-        t = make(info, RpcConfig(), timeout_s=20)
+        t = make(info, TEST_RPC, timeout_s=20)
         try:
             y = t.forward(req).result(30)
         finally:

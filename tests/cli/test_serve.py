@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from moemesh.cli.main import build_parser, main
+from tests.fixtures.auth import TEST_TOKEN
 
 
 @pytest.mark.parametrize("service, flag", [("router", "--attention"), ("attention", "--control-addr"),
@@ -17,7 +18,8 @@ def test_each_service_has_its_config_flags(service, flag, capsys):
     assert flag in out and "--max-message-mb" in out
 
 
-def test_bad_config_is_an_error_naming_the_field(capsys):
+def test_bad_config_is_an_error_naming_the_field(capsys, monkeypatch):
+    monkeypatch.setenv("MOEMESH_MESH_TOKEN", TEST_TOKEN)  # the token is fine: the port is what is wrong
     assert main(["serve", "router", "--port", "99999"]) == 2
     assert "port must be in [0, 65535]" in capsys.readouterr().err
 
@@ -28,6 +30,7 @@ def test_missing_model_dir_is_an_error(capsys):
 
 
 def test_env_overrides_apply(monkeypatch, capsys):
+    monkeypatch.setenv("MOEMESH_MESH_TOKEN", TEST_TOKEN)
     monkeypatch.setenv("MOEMESH_ROUTER_MAX_RUNNING", "0")
     assert main(["serve", "router"]) == 2
     assert "max_running must be >= 1" in capsys.readouterr().err

@@ -12,15 +12,15 @@ from attention_svc.remote_experts import RemoteExperts
 from control_svc.config import ControlConfig
 from control_svc.server import create_server
 from moemesh.contracts.placement import Placement
-from moemesh.rpc.config import RpcConfig
 from moemesh.transport.dist_transport import open_transport
+from tests.fixtures.auth import TEST_RPC
 from tests.expert_svc.fixtures import all_weights, plan_expected, routed_plan, running_expert_servers
 
 
 @contextmanager
 def running_control(moe_dir, loop):
     """A started control plane expecting two expert servers (heartbeats every 0.1 s)."""
-    cfg = ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0)
+    cfg = ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0, rpc=TEST_RPC)
     control, _ = loop.run(create_server(cfg), 30)
     loop.run(control.start(), 30)
     try:
@@ -32,9 +32,9 @@ def running_control(moe_dir, loop):
 def follow(loop, control_addr: str, transport: str) -> tuple[ControlFollower, RemoteExperts]:
     """An attention replica's expert side: the follower, and RemoteExperts on the first placement."""
     async def attention():
-        follower = ControlFollower(control_addr, RpcConfig())
+        follower = ControlFollower(control_addr, TEST_RPC)
         placement, servers = await follower.first_placement(20)
-        remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode=transport, rpc=RpcConfig()))
+        remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode=transport, rpc=TEST_RPC))
         await follower.start(remote, "127.0.0.1:9")
         return follower, remote
 

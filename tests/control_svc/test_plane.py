@@ -11,6 +11,7 @@ from moemesh.contracts.info import ServerInfo
 from moemesh.errors import MeshError
 from moemesh.rpc.protos import load as load_protos
 from moemesh.telemetry import ServiceMetrics
+from tests.fixtures.auth import TEST_RPC
 
 expert_pb2, _ = load_protos("expert")
 LAYERS = (0, 1)
@@ -41,6 +42,9 @@ class FakeOps:
         if server.server_id in self.down:
             raise ConnectionError("refused")
 
+    async def forget(self, server_id):
+        self.held.pop(server_id, None)
+
 
 def stats(tokens: dict[tuple[int, int], int]):
     return expert_pb2.ExpertStats(loads=[expert_pb2.ExpertLoad(layer=l, expert_id=e, tokens=n) for (l, e), n in tokens.items()])
@@ -50,7 +54,7 @@ def make_plane(**cfg):
     clock = Clock()
     ops = FakeOps()
     metrics = ServiceMetrics("control")
-    config = ControlConfig(model_dir="unused", expected_expert_servers=2, heartbeat_interval_s=0.01, dead_after_s=1.0,
+    config = ControlConfig(model_dir="unused", rpc=TEST_RPC, expected_expert_servers=2, heartbeat_interval_s=0.01, dead_after_s=1.0,
                            release_timeout_s=0.05, rebalance_min_tokens=100, **cfg)
     return ControlPlane(LAYERS, 8, config, ops, Registry(clock=clock), metrics), ops, clock, metrics
 

@@ -19,6 +19,7 @@ from moemesh.moe.gate import softmax_topk
 from moemesh.transport.base import ExpertRequest
 from tests.fixtures.loop_thread import LoopThread
 from tests.fixtures.checkpoints import make_tiny_checkpoint
+from tests.fixtures.auth import TEST_RPC
 
 NUM_EXPERTS = 8
 HIDDEN = 64
@@ -56,8 +57,10 @@ def routed_request(num_tokens: int, expert_ids: list[int], layer: int = 0, seed:
 
 
 def expected(req: ExpertRequest, w) -> torch.Tensor:
-    """The oracle for a request: moe_mlp over every expert of the layer (logical ids index them)."""
-    return moe_mlp(req.x, req.token_idx.long(), req.weights, req.expert_ids, req.counts, w)
+    """The oracle for a request: moe_mlp over every expert of the layer (logical ids index them), on
+    the torch path: servers hold float32 experts [in, out] (matmul_layout), which the compiled CPU
+    kernels do not read, so they run that path too."""
+    return moe_mlp(req.x, req.token_idx.long(), req.weights, req.expert_ids, req.counts, w, backend="torch")
 
 
 def routed_plan(num_tokens: int, num_experts: int = NUM_EXPERTS, top_k: int = 2, seed: int = 0):
@@ -69,7 +72,8 @@ def routed_plan(num_tokens: int, num_experts: int = NUM_EXPERTS, top_k: int = 2,
 
 
 def plan_expected(x: torch.Tensor, plan, w) -> torch.Tensor:
-    return moe_mlp(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts, w)
+    """The oracle for a layer call (see `expected`)."""
+    return moe_mlp(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts, w, backend="torch")
 
 
 async def in_loop(fn, *args):
@@ -82,7 +86,7 @@ def running_expert_servers(model_dir: Path, n: int, loop: LoopThread, **override
     parts = []
     try:
         for _ in range(n):
-            cfg = ExpertServerConfig(model_dir=str(model_dir), **overrides)
+            cfg = ExpertServerConfig(model_dir=str(model_dir), **{"rpc": TEST_RPC, **overrides})
             p, _ = loop.run(create_server(cfg), 60)  # an aio server belongs to the loop it is built in
             parts.append(p)
             loop.run(p.start(), 30)

@@ -16,7 +16,7 @@ from moemesh.errors import MeshError
 from moemesh.rpc.config import RpcConfig
 from moemesh.transport.base import ExpertRequest
 from moemesh.transport.dist_frames import FORWARD, parse_reply
-from moemesh.transport.dist_link import INLINE_BYTES, DistLink, connect_store, host_id, open_link, pair_group, start_store
+from moemesh.transport.dist_link import INLINE_BYTES, DistLink, LinkBroken, connect_store, host_id, open_link, pair_group, start_store
 from moemesh.transport.dist_transport import DistTransport
 
 CPU = torch.device("cpu")
@@ -43,9 +43,9 @@ def hub():
 
 
 def client_link(hub: DistHub) -> DistLink:
-    link_id = hub.open("test-client", host_id())
+    link_id, secret = hub.open("test-client", host_id())
     store = connect_store(hub.addr, 20)
-    link = open_link(store, link_id, CLIENT_RANK, "gloo", "127.0.0.1", CPU, 20)
+    link = open_link(store, link_id, CLIENT_RANK, "gloo", "127.0.0.1", CPU, 20, secret)
     link.store = store  # keep the store connection while the link lives
     return link
 
@@ -165,6 +165,23 @@ def test_a_frame_over_the_servers_limit_breaks_only_that_link(hub):
         torch.testing.assert_close(other.forward(call(0, x)).result(20), x * 2)
     finally:
         other.close()
+
+
+def test_an_outsider_without_the_link_secret_gets_no_link(hub, caplog):
+    """The TCPStore is open to anyone who reaches it (its keys can be listed): joining a link's pair
+    group there without the secret from OpenDistLink fails the handshake before any call (the hub
+    refuses the proof and never answers); the hub goes on opening links for clients that know theirs."""
+    link_id, _ = hub.open("victim", host_id())
+    store = connect_store(hub.addr, 20)
+    with pytest.raises(LinkBroken):
+        open_link(store, link_id, CLIENT_RANK, "gloo", "127.0.0.1", CPU, 5, b"guessed-secret-0123456789abcdef")
+    assert "the peer does not know the link's secret" in caplog.text
+    client = transport(lambda: client_link(hub))
+    try:
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(client.forward(call(0, x)).result(20), x * 2)
+    finally:
+        client.close()
 
 
 def test_closed_hub_opens_no_links(hub):

@@ -11,11 +11,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode
 from moemesh.transport.grpc_transport import request_message
+from tests.fixtures.auth import TEST_RPC, token_env
 from tests.expert_svc.fixtures import routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
@@ -41,7 +41,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
             return [r async for r in expert_grpc.ExpertServiceStub(ch).ForwardStream(iter([request_message(req)]), timeout=20)][0]
 
         async def scenario():
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 call = asyncio.ensure_future(one_call(ch))
                 while srv.shard.stats.in_flight == 0:
                     await asyncio.sleep(0.01)
@@ -59,7 +59,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
         assert y.shape == req.x.shape
 
         async def after():
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 await expert_grpc.ExpertServiceStub(ch).GetStats(expert_pb2.GetStatsRequest(), timeout=2)
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -68,7 +68,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
 
 
 def spawn(args):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(token_env(), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if " serving " not in line:
@@ -98,7 +98,7 @@ def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
         server_id = words[-1].removeprefix("id=")
 
         async def placement_version():
-            async with make_channel(control_addr, RpcConfig()) as ch:
+            async with make_channel(control_addr, TEST_RPC) as ch:
                 stub = control_grpc.ControlServiceStub(ch)
                 for _ in range(200):
                     p = await stub.GetPlacement(control_pb2.GetPlacementRequest())
@@ -113,7 +113,7 @@ def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
         assert time.monotonic() - started < 5 + 5
 
         async def known():
-            async with make_channel(control_addr, RpcConfig()) as ch:
+            async with make_channel(control_addr, TEST_RPC) as ch:
                 return (await control_grpc.ControlServiceStub(ch).Heartbeat(control_pb2.HeartbeatRequest(id=server_id))).known
 
         assert loop.run(known(), 10) is False  # deregistered
@@ -137,7 +137,7 @@ def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(mo
 
         async def call(rows):
             req = routed_request(rows, [1], top_k=1)  # `rows` rows, one per token
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 stub = expert_grpc.ExpertServiceStub(ch)
                 y = decode([r async for r in stub.ForwardStream(iter([request_message(req)]), timeout=20)][0].y)
             assert y.shape == req.x.shape
@@ -156,7 +156,7 @@ def test_drain_does_not_wait_out_an_idle_forward_stream(moe_dir, loop):
 
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
-        t = GrpcTransport(peer, RpcConfig(), timeout_s=20)
+        t = GrpcTransport(peer, TEST_RPC, timeout_s=20)
         try:
             req = routed_request(4, [1])
             t.forward(req).result(30)  # the stream is open and idle now

@@ -4,11 +4,11 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode, encode
 from moemesh.transport.grpc_transport import request_message
+from tests.fixtures.auth import TEST_RPC
 from tests.expert_svc.fixtures import all_weights, expected, routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
@@ -16,7 +16,7 @@ expert_pb2, expert_grpc = load("expert")
 
 def call(loop, port, method, request, **kw):
     async def go():
-        async with make_channel(f"127.0.0.1:{port}", RpcConfig()) as ch:
+        async with make_channel(f"127.0.0.1:{port}", TEST_RPC) as ch:
             return await getattr(expert_grpc.ExpertServiceStub(ch), method)(request, timeout=20, **kw)
 
     return loop.run(go(), 30)
@@ -25,7 +25,7 @@ def call(loop, port, method, request, **kw):
 def stream(loop, port, requests):
     """The responses to `requests` sent on one ForwardStream."""
     async def go():
-        async with make_channel(f"127.0.0.1:{port}", RpcConfig()) as ch:
+        async with make_channel(f"127.0.0.1:{port}", TEST_RPC) as ch:
             for i, r in enumerate(requests):
                 r.call_id = i + 1
             return [r async for r in expert_grpc.ExpertServiceStub(ch).ForwardStream(iter(requests), timeout=20)]
@@ -97,7 +97,7 @@ def test_garbage_requests_are_invalid_argument_and_the_stream_goes_on(moe_dir, l
 def test_health_and_reflection(moe_dir, loop):
     with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
         async def go():
-            async with make_channel(f"127.0.0.1:{srv.port}", RpcConfig()) as ch:
+            async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="moemesh.v1.ExpertService"))
                 names = []
                 async for resp in reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(

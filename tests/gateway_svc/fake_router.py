@@ -9,6 +9,7 @@ import grpc
 
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.generation import SERVICE_NAME, pb, pb_grpc
+from moemesh.rpc.security import api_key_credential
 from moemesh.rpc.server import NOT_SERVING, SERVING, Service, build_server
 
 
@@ -82,8 +83,10 @@ class FakeRouter:
         self.port = 0
 
     async def start(self) -> str:
-        self.server = build_server(RpcConfig(), Service(pb_grpc.add_GenerationServicer_to_server, self.servicer, SERVICE_NAME))
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        # like the real router: the public API asks for the API key only (none here)
+        self.server = build_server(RpcConfig(), Service(pb_grpc.add_GenerationServicer_to_server, self.servicer, SERVICE_NAME),
+                                   credential=api_key_credential(""))
+        self.port = self.server.bind("127.0.0.1:0")
         await self.server.start()
         return f"127.0.0.1:{self.port}"
 

@@ -124,11 +124,11 @@ def test_a_client_that_goes_away_frees_its_kv_blocks(mesh, served):
     got = b""
     while got.count(b"data: ") < 4:
         got += s.recv(65536)
-    load = attention_load(attention)
+    load = attention_load(attention, mesh.rpc)
     assert load.running == 1 and load.free_blocks < load.total_blocks
     s.close()
     t0 = time.monotonic()
-    load = wait_idle(attention, timeout_s=30)
+    load = wait_idle(attention, timeout_s=30, rpc=mesh.rpc)
     assert (load.running, load.waiting, load.free_blocks) == (0, 0, load.total_blocks)
     assert time.monotonic() - t0 < 30  # 4000 tokens would take minutes here: the sequence was aborted
 

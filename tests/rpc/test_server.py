@@ -8,6 +8,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import Service, build_server, make_channel
+from tests.fixtures.auth import TEST_SECURITY
 
 expert_pb2, expert_grpc = load("expert")
 
@@ -27,9 +28,9 @@ async def check(stub, name):
 
 def test_health_reflection_limits_and_shutdown():
     async def main():
-        cfg = RpcConfig(max_message_mb=1, shutdown_grace_s=0.5)
+        cfg = RpcConfig(max_message_mb=1, shutdown_grace_s=0.5, security=TEST_SECURITY)
         server = build_server(cfg, Service(expert_grpc.add_ExpertServiceServicer_to_server, EchoExperts(), "moemesh.v1.ExpertService"))
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.bind("127.0.0.1:0")
         await server.start()
         async with make_channel(f"127.0.0.1:{port}", cfg) as ch:
             h = health_pb2_grpc.HealthStub(ch)

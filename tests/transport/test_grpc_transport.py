@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from moemesh.errors import MeshError
-from moemesh.rpc.config import RpcConfig
 from moemesh.transport.grpc_transport import GrpcTransport
+from tests.fixtures.auth import TEST_RPC
 from tests.expert_svc.fixtures import all_weights, expected, loop, moe_dir, routed_request, running_expert_servers  # noqa: F401
 
 
 def transport_to(srv, timeout_s=20.0):
     peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
-    return GrpcTransport(peer, RpcConfig(), timeout_s)
+    return GrpcTransport(peer, TEST_RPC, timeout_s)
 
 
 def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_end_it(moe_dir, loop):

@@ -32,7 +32,9 @@ def test_all_experts_branch_equals_moe_mlp(dtype):
     plan = all_experts_rows(5, 4)
     rows = (x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts)
     want = moe_mlp(*rows, w)
-    tol = dict(rtol=2e-2, atol=0.1) if dtype == torch.bfloat16 else {}  # bf16: rounded at other points
+    # other kernels, rounded at other points: bf16 within 2% of the output's scale (a row's experts
+    # partly cancel, so an element's own magnitude is no measure of its rounding)
+    tol = dict(rtol=0, atol=0.02 * float(want.abs().max())) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(held(*rows, all_experts=True), want, **tol)
     torch.testing.assert_close(held(*rows), want, **tol)  # found from the rows
     torch.testing.assert_close(plain(*rows, all_experts=True), want, rtol=0, atol=0)  # the branch is off

@@ -77,7 +77,9 @@ def test_fused_experts_match_transformers():
         for i, e in enumerate(picked):  # each picked expert alone, weight 1
             ref = experts(x, torch.full((6, 1), e), torch.ones(6, 1))
             got = grouped_expert_mlp(x, torch.tensor([i]), torch.tensor([6]), w)
-            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+            # outputs reach ~100: float32 summation order alone moves them by ~2e-5 (transformers itself
+            # is that far from a float64 evaluation), so the tolerance is float rounding at that scale
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("bad, field", [
