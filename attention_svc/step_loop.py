@@ -49,8 +49,8 @@ class _Stream:
 
 
 def is_expert_failure(exc: BaseException | None) -> bool:
-    """Whether `exc` (or what caused it) is a failed call to an expert server: those errors name the
-    server (`server_id`: `ExpertServerError`, or a `MeshError` from one server)."""
+    """Whether `exc` (or what caused it) is a failed call to an expert server: the expert path's
+    errors name the server (`MeshError.server_id`)."""
     seen = 0
     while exc is not None and seen < 16:
         if getattr(exc, "server_id", ""):
@@ -76,7 +76,7 @@ def sequence_error(exc: Exception) -> MeshError:
 
 
 class StepLoop:
-    def __init__(self, engine, between_steps=lambda: None, on_step=None) -> None:
+    def __init__(self, engine, between_steps=lambda: None, on_step=None, wake: asyncio.Event | None = None) -> None:
         self.engine = engine
         self.between_steps = between_steps  # e.g. adopt a staged expert placement
         self.on_step = on_step  # on_step(seconds, sequences) after each step (e.g. ServiceMetrics.observe_step)
@@ -85,7 +85,7 @@ class StepLoop:
         self._by_id: dict[str, _Stream] = {}  # client request id -> its live sequence
         self._by_key: dict[str, _Stream] = {}  # engine key -> the same, once handed to the engine
         self._keys = itertools.count()
-        self._wake = asyncio.Event()
+        self._wake = wake or asyncio.Event()  # set: run one iteration even when idle (e.g. a placement to adopt)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
         self.steps = 0
         self.accepted = 0  # sequences handed to add() since start

@@ -13,10 +13,9 @@ from moemesh.engine import SamplingParams, StepFailed, StepOutput
 from moemesh.errors import MeshError
 
 
-class ExpertDown(RuntimeError):
-    """What an expert transport raises: names the server."""
-
-    server_id = "expert-1"
+def ExpertDown(message: str) -> MeshError:
+    """What the expert path raises when a server fails: a MeshError naming it."""
+    return MeshError(grpc.StatusCode.UNAVAILABLE, message, server_id="expert-1", address="127.0.0.1:1")
 
 
 class ScriptedEngine:

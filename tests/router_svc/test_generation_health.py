@@ -38,8 +38,7 @@ def test_generation_health_follows_the_replicas_and_tokens_are_counted():
         switchable = build_server(TEST_RPC, Service(pb_grpc.add_AttentionServicer_to_server, attention, "moemesh.v1.Attention"))
         sport = switchable.bind("127.0.0.1:0")
         await switchable.start()
-        router_server, rport = await create_server(RouterConfig(attention=f"127.0.0.1:{sport}", load_poll_s=0.05, connect_timeout_s=10,
-                                                                rpc=TEST_RPC))
+        router_server, rport = await create_server(RouterConfig(attention=f"127.0.0.1:{sport}", load_poll_s=0.05, connect_timeout_s=10, rpc=TEST_RPC))
         await router_server.start()
         client = GenerationClient(f"127.0.0.1:{rport}")
         try:
