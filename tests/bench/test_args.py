@@ -12,7 +12,7 @@ def test_engine_vs_transformers_defaults_and_lists():
     cfg = engine_vs_transformers.parse_args([])
     assert cfg.shape == "demo" and cfg.model is None
     assert cfg.dtypes == ("float32", "bfloat16") and cfg.experts_dtypes == ("bf16", "fp8", "mxfp4", "nvfp4")
-    assert (cfg.concurrent, cfg.threads, cfg.pack_experts) == (16, 1, None)
+    assert (cfg.concurrent, cfg.threads, cfg.pack_experts) == (16, 2, None)  # 2 threads, as the llama.cpp anchor
     cfg = engine_vs_transformers.parse_args(["--shape", "qwen3-sparse", "--dtypes", "bfloat16", "--experts-dtypes", "",
                                              "--pack-experts", "off", "--new-tokens", "8"])
     assert (cfg.shape, cfg.dtypes, cfg.experts_dtypes, cfg.pack_experts, cfg.new_tokens) == ("qwen3-sparse", ("bfloat16",), (), False, 8)
