@@ -13,8 +13,9 @@
 // float32, which meet the activations in fused multiply-adds with float32 accumulators. The packed
 // E2M1 formats decode the low and high nibbles of the same bytes into separate vectors (even and
 // odd elements); the activations are laid out to match (api.h: prepare_row). Up to MR rows run
-// straight on the decoded registers; more rows first decode an NR-row tile into a cache-resident
-// float32 buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
+// straight on the decoded registers (dense weights one row at a time, `stream_rows`; the quantized
+// formats NR rows at a time); more rows first decode an NR-row tile into a cache-resident float32
+// buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -232,7 +233,7 @@ template <class D>
 void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx, int64_t k, float* out,
                 int64_t ldo, bool dense_f32) {
   const int64_t kp = padded_k(k);
-  if (std::is_same<D, DecF32>::value || std::is_same<D, DecBF16>::value) {
+  if constexpr (std::is_same<D, DecF32>::value || std::is_same<D, DecBF16>::value) {
     if (M <= V::MR) return stream_rows_m(d, n0, n1, x, ldx, k, out, ldo, M);
   }
   const bool buffered = M > V::MR && !dense_f32;
