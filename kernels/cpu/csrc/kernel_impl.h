@@ -180,6 +180,12 @@ void micro_rows(const D& d, const Row* rows, int nvalid, const float* x, int64_t
 // 24-64 KiB), so this keeps enough lines in flight to cover DRAM latency (a shorter
 // distance measured slower than the tiles; docs/benchmarks.md).
 constexpr int64_t STREAM_PREFETCH_BYTES = 4096;
+// bfloat16 weights at MR < M <= STREAM_MAX_ROWS rows: blocks of STREAM_BLOCK_ROWS weight rows, each
+// streamed from memory for the first MR activation rows and read again from L2 for the others, in
+// place of decoding float32 tiles into a buffer (float32 weights keep the register tiles, which
+// reuse each loaded weight vector for MR rows and measured faster there).
+constexpr int64_t STREAM_MAX_ROWS = 16;
+constexpr int64_t STREAM_BLOCK_ROWS = 16;
 
 // Dense weights (float32, bfloat16), up to MR activation rows: one weight row at a time, so that the
 // rows [n0, n1) of an expert, contiguous in memory, are read as one sequential stream (the hardware
@@ -235,6 +241,14 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
   const int64_t kp = padded_k(k);
   if constexpr (std::is_same<D, DecF32>::value || std::is_same<D, DecBF16>::value) {
     if (M <= V::MR) return stream_rows_m(d, n0, n1, x, ldx, k, out, ldo, M);
+    if (std::is_same<D, DecBF16>::value && M <= STREAM_MAX_ROWS) {  // MR rows at a time over a block of rows in L2
+      for (int64_t nb = n0; nb < n1; nb += STREAM_BLOCK_ROWS) {
+        const int64_t ne = nb + STREAM_BLOCK_ROWS < n1 ? nb + STREAM_BLOCK_ROWS : n1;
+        for (int64_t m = 0; m < M; m += V::MR)
+          stream_rows_m(d, nb, ne, x + m * ldx, ldx, k, out + m * ldo + (nb - n0), ldo, M - m < V::MR ? M - m : V::MR);
+      }
+      return;
+    }
   }
   const bool buffered = M > V::MR && !dense_f32;
   const int64_t per_row = kp / 16 + 16;  // room for the block multipliers of one row
