@@ -58,9 +58,9 @@ def routed_request(num_tokens: int, expert_ids: list[int], layer: int = 0, seed:
 
 def expected(req: ExpertRequest, w) -> torch.Tensor:
     """The oracle for a request: moe_mlp over every expert of the layer (logical ids index them), on
-    the torch path: servers hold float32 experts [in, out] (matmul_layout), which the compiled CPU
-    kernels do not read, so they run that path too."""
-    return moe_mlp(req.x, req.token_idx.long(), req.weights, req.expert_ids, req.counts, w, backend="torch")
+    the path a server takes for the same rows (the compiled CPU kernels where they run: a sparse
+    model's experts are held [E, N, K] as loaded)."""
+    return moe_mlp(req.x, req.token_idx.long(), req.weights, req.expert_ids, req.counts, w)
 
 
 def routed_plan(num_tokens: int, num_experts: int = NUM_EXPERTS, top_k: int = 2, seed: int = 0):
@@ -73,7 +73,7 @@ def routed_plan(num_tokens: int, num_experts: int = NUM_EXPERTS, top_k: int = 2,
 
 def plan_expected(x: torch.Tensor, plan, w) -> torch.Tensor:
     """The oracle for a layer call (see `expected`)."""
-    return moe_mlp(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts, w, backend="torch")
+    return moe_mlp(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts, w)
 
 
 async def in_loop(fn, *args):

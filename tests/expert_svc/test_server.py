@@ -60,7 +60,7 @@ def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop)
         held = call(loop, srv.port, "LoadExperts", expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[4, 5, 6])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 5, 6])]
         (a,) = stream(loop, srv.port, [request_message(req)])
-        torch.testing.assert_close(decode(a.y), expected(req, weights[1]))  # float32 rounding: held [in, out]
+        torch.testing.assert_close(decode(a.y), expected(req, weights[1]))  # float32 rounding: a subset of the experts held
         held = call(loop, srv.port, "DropExperts", expert_pb2.DropExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[5])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 6])]
         (a,) = stream(loop, srv.port, [request_message(req)])
