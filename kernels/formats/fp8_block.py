@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows
+from kernels.formats.checks import check_dense_weight, check_dtype, check_finite, check_segments, check_shape, expert_rows
 from kernels.formats.lookup import keyed_index, lookup
 
 FP8_MAX = 448.0
@@ -102,13 +102,15 @@ class FP8BlockExperts:
 
 
 def _quantize_segment(w: Tensor, block: tuple[int, int], scale_fmt: str | None) -> tuple[Tensor, Tensor]:
-    """w [E, n, K] float32 -> (weight [E, n, K] e4m3, scale [E, ceil(n/BN), ceil(K/BK)])."""
+    """w [E, n, K] float -> (weight [E, n, K] e4m3, scale [E, ceil(n/BN), ceil(K/BK)])."""
+    w = w.float()
     e, n, k = w.shape
     bn, bk = block
     nb, kb = math.ceil(n / bn), math.ceil(k / bk)
     padded = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))  # [E, NB*BN, KB*BK]
     blocks = padded.reshape(e, nb, bn, kb, bk)
     amax = blocks.abs().amax(dim=(2, 4))  # [E, NB, KB]
+    check_finite(amax)
     scale = amax / FP8_MAX
     if scale_fmt == "ue8m0":
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
