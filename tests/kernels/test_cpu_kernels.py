@@ -98,6 +98,21 @@ def test_matches_the_reference_path(variant, dtype, fmt, h, i, activation, bias)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("h, i", [(48, 80), (96, 112), (128, 40)], ids=["k48_80", "k96_112", "k128_40"])
+def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
+    # up to 4 rows per expert (the decode-shaped kernels; with bfloat16 x and AVX512-BF16, the bfloat16
+    # dot products), K ending 16, 32, 48 or 64 elements into a 64-element step
+    variant_or_skip(variant)
+    w = weights(fmt, torch.bfloat16, h, i, "silu", bias=True, e=5, seed=3)
+    expert_idx, counts = torch.tensor([3, 0, 4, 1]), torch.tensor([4, 1, 2, 3])
+    x = torch.randn(6, h, generator=torch.Generator().manual_seed(h + i)).to(torch.bfloat16)
+    token_idx, row_weight = routing(6, counts.tolist(), seed=1)
+    got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_single_token_decode_and_untouched_tokens(variant):
     variant_or_skip(variant)
     w = weights("mxfp4", torch.float32, 96, 64, e=8)
