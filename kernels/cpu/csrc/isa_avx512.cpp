@@ -114,7 +114,7 @@ struct V {
       }
       for (int j = 0; j < NR_; ++j) {
         const uint8_t* p = d[j] + e0 / 2;
-        __builtin_prefetch(p + 512);
+        __builtin_prefetch(p + rows.ahead);  // the same bytes of the next tile's row
         const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, p));
         const __m512bh we = (__m512bh)_mm512_permutexvar_epi16(b, table);
         const __m512bh wo = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);

@@ -221,10 +221,12 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
   std::free(sbuf);
 }
 
-// One tile of NR rows for V::e2m1_bf16: each row's bytes and its block multipliers.
+// One tile of NR rows for V::e2m1_bf16: each row's bytes and its block multipliers, and the distance
+// in bytes to the same row of the next tile (prefetched as the tile runs, as the register tiles do).
 struct TileRows {
   const uint8_t* d[NR];
   const float* s[NR];
+  int64_t ahead;
   void at(int j, const uint8_t*& p, const float*& q) const {
     p = d[j];
     q = s[j];
@@ -246,6 +248,7 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
     for (int64_t n = n0; n < n1; n += NR) {
       const int nvalid = int(n1 - n < NR ? n1 - n : NR);
       TileRows t;
+      t.ahead = NR * d.stride;
       for (int j = 0; j < NR; ++j) {
         const int64_t nj = n + (j < nvalid ? j : nvalid - 1);
         float* sj = sbuf + j * per_row;
