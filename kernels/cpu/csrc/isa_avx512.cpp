@@ -56,20 +56,10 @@ struct V {
   static void e4m3_to_float(const uint8_t* p, int64_t n, float mult, float* out) {
     const F s = _mm512_set1_ps(mult * 256.0f);
     for (int64_t i = 0; i < n; i += 16) {
-      alignas(16) uint8_t t[16] = {0};
-      const uint8_t* src = p + i;
-      if (n - i < 16) {
-        __builtin_memcpy(t, p + i, n - i);
-        src = t;
-      }
-      __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      const __mmask16 live = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);  // the last may be partial
+      __m256i h = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(live, p + i));
       h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(short(0xBFFF)));
-      const F v = _mm512_mul_ps(_mm512_cvtph_ps(h), s);
-      if (n - i >= 16) {
-        _mm512_storeu_ps(out + i, v);
-      } else {
-        _mm512_mask_storeu_ps(out + i, __mmask16((1u << (n - i)) - 1), v);
-      }
+      _mm512_mask_storeu_ps(out + i, live, _mm512_mul_ps(_mm512_cvtph_ps(h), s));
     }
   }
 
