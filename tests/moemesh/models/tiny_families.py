@@ -1,0 +1,63 @@
+"""Tiny random checkpoints of the newer families (DeepSeek-V3.2 / GLM-5 DSA, MiniMax-M2, Kimi-K2.5,
+Qwen3-Next / Qwen3.5-MoE), built and saved by transformers, with the transformers outputs they are held
+to: prompt logprobs and greedy continuations of PROMPTS."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.fixtures.checkpoints import build_model
+from tests.moemesh.models.arch.reference import COMMON, YARN_DEEPSEEK, greedy, prompt_logprobs
+
+# the third prompt (40 tokens) is longer than every DSA variant's index_topk, so the indexer selects
+PROMPTS = (
+    (5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11),
+    (400, 2, 2, 2, 99),
+    tuple((7 * i * i + 3 * i + 11) % 509 for i in range(40)),
+)
+GREEDY_TOKENS = 32
+
+DSA_COMMON = dict(intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+                  n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=24,
+                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, num_key_value_heads=4,
+                  routed_scaling_factor=2.5, norm_topk_prob=True, index_head_dim=16, index_n_heads=16)
+
+# name -> (transformers config class name, config overrides); the second variant of a family flips its options
+VARIANTS = {
+    "deepseek_v32": ("DeepseekV32Config", dict(DSA_COMMON, index_topk=8, rope_parameters=dict(YARN_DEEPSEEK))),
+    # default rope, a dense layer between MoE layers, no top-k renormalisation, two shared experts, top-4 keys
+    "deepseek_v32_plain": ("DeepseekV32Config", dict(DSA_COMMON, index_topk=4, mlp_layer_types=["sparse", "dense", "sparse"],
+                                                     norm_topk_prob=False, n_shared_experts=2, n_group=1, topk_group=1,
+                                                     rope_parameters={"rope_type": "default", "rope_theta": 50000.0})),
+    # GLM-5: every other layer reuses the previous layer's selection
+    "glm_moe_dsa": ("GlmMoeDsaConfig", dict(DSA_COMMON, num_hidden_layers=4, index_topk=6, index_topk_freq=2,
+                                            index_skip_topk_offset=1, n_group=1, topk_group=1, rms_norm_eps=1e-5)),
+    "glm_moe_dsa_pattern": ("GlmMoeDsaConfig", dict(DSA_COMMON, index_topk=10, index_topk_pattern="FSS",
+                                                    rope_parameters=dict(YARN_DEEPSEEK))),
+}
+
+
+def tiny_config(name: str):
+    import transformers as tf
+
+    cls_name, overrides = VARIANTS[name]
+    kw = dict(COMMON)
+    kw.update(overrides)
+    return getattr(tf, cls_name)(**kw)
+
+
+def make_checkpoint(name: str, out_dir: Path, seed: int = 0):
+    """Build (random weights, std 0.1, random gate correction biases) and save; returns (path, model)."""
+    model = build_model(tiny_config(name), seed=seed)
+    with torch.no_grad():
+        for buf_name, buf in model.named_buffers():
+            if buf_name.endswith("e_score_correction_bias"):
+                buf.copy_(0.1 * torch.randn_like(buf))
+    model.save_pretrained(out_dir)
+    return Path(out_dir), model
+
+
+def expected_outputs(model) -> dict:
+    """{prompt: (prompt logprobs, greedy continuation)} for PROMPTS."""
+    return {p: (prompt_logprobs(model, list(p)), greedy(model, list(p), GREEDY_TOKENS)) for p in PROMPTS}
