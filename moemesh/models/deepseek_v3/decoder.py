@@ -19,7 +19,7 @@ from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import GroupedGateConfig
 from moemesh.models.deepseek_v3.fp8_reader import weights_reader
-from moemesh.models.deepseek_v3.moe import DenseMLP, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
+from moemesh.models.deepseek_v3.moe import DenseMLP, GateNames, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
 from moemesh.models.layers import rms_norm
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.moe.knobs import MoeKnobs
@@ -52,16 +52,19 @@ def tensors_of(obj: Any) -> list[Tensor]:
 
 class GroupedGateDecoderLM:
     """Non-expert weights of a grouped-gate MoE model; routed experts are reached through an ExpertCompute.
+    A family names its gate tensors in `gate_names` and may override `gate_config`.
 
     Subclasses load their attention (`load_attention(reader, prefix, layer) -> weights`) and run it
     (`attend(h, weights, meta, kv_pair, carry) -> [T, H]`); `carry` is what `begin_step(meta)` made for
     this forward pass, handed from layer to layer (DSA: the top-k selection that later layers reuse)."""
 
+    gate_names = GateNames()
+
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
         reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         self.cfg = cfg
         self.dtype = dtype
-        self.gate = GroupedGateConfig.from_raw(cfg.raw)
+        self.gate = self.gate_config(cfg)
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
         self.layers: list[Layer] = []
@@ -76,7 +79,7 @@ class GroupedGateDecoderLM:
     def _load_layer(self, reader: CheckpointReader, layer: int) -> Layer:
         cfg, dt, p = self.cfg, self.dtype, f"model.layers.{layer}"
         if cfg.is_moe_layer(layer):
-            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt)
+            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt, self.gate_names)
         else:
             mlp = load_dense_mlp(reader, f"{p}.mlp", cfg.hidden_size, cfg.intermediate_size, dt)
         return Layer(
@@ -85,6 +88,9 @@ class GroupedGateDecoderLM:
             post_norm=reader.get(f"{p}.post_attention_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
             mlp=mlp,
         )
+
+    def gate_config(self, cfg: ModelConfig) -> GroupedGateConfig:
+        return GroupedGateConfig.from_raw(cfg.raw)
 
     def begin_step(self, meta: BatchMeta) -> Any:
         """Per-forward state the attention layers share (none by default)."""

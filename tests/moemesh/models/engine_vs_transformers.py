@@ -9,11 +9,16 @@ from tests.moemesh.models.arch.reference import assert_logprobs_close, prompt_lo
 from tests.moemesh.models.tiny_families import GREEDY_TOKENS, PROMPTS
 
 
+def run_prompts(engine, prompts, new_tokens: int = GREEDY_TOKENS):
+    """Greedy, with prompt logprobs, all prompts batched together."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, prompt_logprobs=True, ignore_eos=True)
+    return engine.generate([list(p) for p in prompts], params)
+
+
 def check_engine_matches(checkpoint, **engine_kw) -> None:
     path, ref, expected = checkpoint
     engine = make_engine(path, **engine_kw)
-    params = SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=0.0, prompt_logprobs=True, ignore_eos=True)
-    for prompt, res in zip(PROMPTS, engine.generate([list(p) for p in PROMPTS], params)):
+    for prompt, res in zip(PROMPTS, run_prompts(engine, PROMPTS)):
         ref_plp, ref_tokens = expected[prompt]
         assert_logprobs_close(res.prompt_logprobs, ref_plp)
         assert res.token_ids == ref_tokens

@@ -35,6 +35,13 @@ VARIANTS = {
                                             index_skip_topk_offset=1, n_group=1, topk_group=1, rms_norm_eps=1e-5)),
     "glm_moe_dsa_pattern": ("GlmMoeDsaConfig", dict(DSA_COMMON, index_topk=10, index_topk_pattern="FSS",
                                                     rope_parameters=dict(YARN_DEEPSEEK))),
+    # MiniMax-M2: half of each head rotates; the second variant rotates all of it, MHA, tied embeddings, top-2
+    "minimax_m2": ("MiniMaxM2Config", dict(intermediate_size=32, num_local_experts=16, num_experts_per_tok=4, head_dim=16,
+                                           num_key_value_heads=2, rotary_dim=8)),
+    "minimax_m2_full_rope": ("MiniMaxM2Config", dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                                                     head_dim=16, num_key_value_heads=4, rotary_dim=16,
+                                                     tie_word_embeddings=True, rope_parameters={"rope_type": "default",
+                                                                                                "rope_theta": 10000.0})),
 }
 
 
