@@ -63,6 +63,12 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids: token {bad[0]} is outside the vocabulary [0, {vocab})")
+        media = [t for t in ids if t in self.model_config.media_token_ids]
+        if media:
+            raise ValueError(
+                f"prompt_token_ids: token {media[0]} is an image/video placeholder of {self.model_config.architecture}; "
+                "this server runs its language model only and takes no image or video input"
+            )
         if len(ids) > self.config.max_num_batched_tokens:
             raise ValueError(
                 f"prompt_token_ids: prompt of {len(ids)} tokens exceeds max_num_batched_tokens ({self.config.max_num_batched_tokens})"

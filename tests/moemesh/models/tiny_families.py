@@ -45,24 +45,75 @@ VARIANTS = {
 }
 
 
+# Kimi-K2.5: a vision-language wrapper around a DeepSeek-V3 text model (the arch tests' tiny one); the
+# first variant as transformers saves it (tied LM head), the second as the published checkpoints are laid
+# out (language_model.model.layers.*, an untied language_model.lm_head, their architecture name)
+KIMI_VISION = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=16, num_attention_heads=2)
+MULTIMODAL = {
+    "kimi_k25": ("Kimi_K25Config", dict(projection_hidden_size=16)),
+    "kimi_k25_published": ("Kimi_K25Config", dict(projection_hidden_size=16, tie_word_embeddings=False)),
+}
+
+
 def tiny_config(name: str):
     import transformers as tf
 
+    if name in MULTIMODAL:
+        from tests.moemesh.models.arch.reference import tiny_config as tiny_arch_config
+
+        cls_name, overrides = MULTIMODAL[name]
+        text = tiny_arch_config("deepseek_v3").to_dict()
+        return getattr(tf, cls_name)(text_config=text, vision_config=dict(KIMI_VISION), **overrides)
     cls_name, overrides = VARIANTS[name]
     kw = dict(COMMON)
     kw.update(overrides)
     return getattr(tf, cls_name)(**kw)
 
 
-def make_checkpoint(name: str, out_dir: Path, seed: int = 0):
-    """Build (random weights, std 0.1, random gate correction biases) and save; returns (path, model)."""
-    model = build_model(tiny_config(name), seed=seed)
+def build(name: str, seed: int = 0):
+    """A transformers model with random weights (std 0.1, norms near 1, random gate correction biases)."""
+    import transformers as tf
+
+    config = tiny_config(name)
+    if name in MULTIMODAL:
+        torch.manual_seed(seed)
+        model = tf.Kimi_K25ForConditionalGeneration(config)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                p.copy_(1.0 + 0.1 * torch.randn_like(p)) if "norm" in pname else p.normal_(0.0, 0.1)
+        model.eval()
+    else:
+        model = build_model(config, seed=seed)
     with torch.no_grad():
         for buf_name, buf in model.named_buffers():
             if buf_name.endswith("e_score_correction_bias"):
                 buf.copy_(0.1 * torch.randn_like(buf))
+    return model
+
+
+def make_checkpoint(name: str, out_dir: Path, seed: int = 0):
+    """Build and save; returns (path, model)."""
+    model = build(name, seed)
     model.save_pretrained(out_dir)
+    if name == "kimi_k25_published":
+        as_published(Path(out_dir))
     return Path(out_dir), model
+
+
+def as_published(path: Path) -> None:
+    """Rewrite a transformers save of Kimi-K2.5 into the published layout: `language_model.model.layers.*`
+    (transformers writes `blocks`), the published architecture name and placeholder field."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    renamed = {k.replace("language_model.model.blocks.", "language_model.model.layers."): v for k, v in tensors.items()}
+    assert "language_model.lm_head.weight" in renamed
+    save_file(renamed, str(path / "model.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    config.update(architectures=["KimiK25ForConditionalGeneration"], media_placeholder_token_id=config["image_token_id"])
+    (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def expected_outputs(model) -> dict:
