@@ -43,6 +43,11 @@ class LLMEngine:
         self.dtype = config.compute_dtype(cfg.dtype)
         if config.moe_top_k is not None and config.moe_top_k > cfg.num_experts:
             raise ValueError(f"moe_top_k must be <= num_experts ({cfg.num_experts}), got {config.moe_top_k}")
+        if hasattr(get_architecture(cfg.architecture).model_class, "recurrent_state_spec"):
+            raise ValueError(
+                f"model_dir: {cfg.architecture} keeps a recurrent state per sequence (linear-attention layers), "
+                "which the scheduler does not allocate yet"
+            )
         self.model, self.experts = build_model(
             cfg, reader, self.dtype, self.device, config.experts_dtype, expert_compute, config.pack_experts
         )

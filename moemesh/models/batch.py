@@ -21,12 +21,14 @@ class SeqSlice:
     start_pos    position of token_ids[0] (0 for a prefill, the cached length for a decode)
     block_table  KV cache blocks of this sequence, covering start_pos + len(token_ids) positions
     all_logits   return logits for every token (prompt logprobs), not only the last
+    state_slot   the sequence's recurrent-state slot (models with linear-attention layers), else -1
     """
 
     token_ids: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
     all_logits: bool = False
+    state_slot: int = -1
 
     @property
     def is_decode(self) -> bool:
@@ -37,7 +39,8 @@ class SeqSlice:
 class BatchMeta:
     """input_ids [T], positions [T], slot_mapping [T] (flat KV slot per token);
     decode_block_tables [B, NB], decode_mask [B, S] (True = attend); prefills ((start, length), ...);
-    logits_idx [R] rows of T whose logits are computed; logits_rows: per input SeqSlice, its (start, n) in R."""
+    logits_idx [R] rows of T whose logits are computed; logits_rows: per input SeqSlice, its (start, n) in R;
+    state_slots [N] each sequence's recurrent-state slot, in token-layout order (decodes, then prefills)."""
 
     input_ids: Tensor
     positions: Tensor
@@ -49,6 +52,7 @@ class BatchMeta:
     logits_idx: Tensor
     logits_rows: tuple[tuple[int, int], ...]
     sliding_window: int | None
+    state_slots: Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -100,4 +104,5 @@ class BatchMeta:
             logits_idx=torch.tensor(logits_idx, dtype=torch.long),
             logits_rows=tuple(logits_rows),
             sliding_window=sliding_window,
+            state_slots=torch.tensor([s.state_slot for s in seqs], dtype=torch.long),
         )

@@ -10,11 +10,12 @@ import torch
 from tests.fixtures.checkpoints import build_model
 from tests.moemesh.models.arch.reference import COMMON, YARN_DEEPSEEK, greedy, prompt_logprobs
 
-# the third prompt (40 tokens) is longer than every DSA variant's index_topk, so the indexer selects
+# the third prompt (70 tokens) is longer than every DSA variant's index_topk (so the indexer selects) and
+# than the delta rule's chunk of 64 (so a prefill scans two chunks)
 PROMPTS = (
     (5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11),
     (400, 2, 2, 2, 99),
-    tuple((7 * i * i + 3 * i + 11) % 509 for i in range(40)),
+    tuple((7 * i * i + 3 * i + 11) % 509 for i in range(70)),
 )
 GREEDY_TOKENS = 32
 
@@ -42,16 +43,43 @@ VARIANTS = {
                                                      head_dim=16, num_key_value_heads=4, rotary_dim=16,
                                                      tie_word_embeddings=True, rope_parameters={"rope_type": "default",
                                                                                                 "rope_theta": 10000.0})),
+    # Qwen3-Next: three Gated DeltaNet layers then gated attention, a dense layer, 2 value heads per key head
+    "qwen3_next": ("Qwen3NextConfig", dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                                           linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                           linear_value_head_dim=8, num_experts=16, num_experts_per_tok=4,
+                                           moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                           mlp_only_layers=[1])),
+    # attention in the middle, MoE every other layer, no renormalisation, half-rotary, one value head per
+    # key head, conv kernel 3, tied embeddings
+    "qwen3_next_plain": ("Qwen3NextConfig", dict(layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                                 num_key_value_heads=1, head_dim=16, intermediate_size=96,
+                                                 linear_num_key_heads=3, linear_num_value_heads=3, linear_key_head_dim=8,
+                                                 linear_value_head_dim=12, linear_conv_kernel_dim=3, num_experts=8,
+                                                 num_experts_per_tok=2, moe_intermediate_size=32,
+                                                 shared_expert_intermediate_size=32, norm_topk_prob=False,
+                                                 decoder_sparse_step=2, tie_word_embeddings=True,
+                                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                  "partial_rotary_factor": 0.5})),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2,
+                                                 num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+                                                 linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                                                 num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
+                                                 shared_expert_intermediate_size=32)),
 }
 
 
-# Kimi-K2.5: a vision-language wrapper around a DeepSeek-V3 text model (the arch tests' tiny one); the
-# first variant as transformers saves it (tied LM head), the second as the published checkpoints are laid
-# out (language_model.model.layers.*, an untied language_model.lm_head, their architecture name)
+# Vision-language checkpoints whose text model is served: name -> (config class, model class, text model
+# (a VARIANTS name, or the arch tests' "deepseek_v3"), vision config, overrides). Kimi-K2.5 as transformers
+# saves it (tied LM head) and as the published checkpoints are laid out (language_model.model.layers.*, an
+# untied language_model.lm_head, their architecture name); a Qwen3.5-MoE VL checkpoint.
 KIMI_VISION = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=16, num_attention_heads=2)
+QWEN_VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=64)
 MULTIMODAL = {
-    "kimi_k25": ("Kimi_K25Config", dict(projection_hidden_size=16)),
-    "kimi_k25_published": ("Kimi_K25Config", dict(projection_hidden_size=16, tie_word_embeddings=False)),
+    "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration", "deepseek_v3", KIMI_VISION,
+                 dict(projection_hidden_size=16)),
+    "kimi_k25_published": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration", "deepseek_v3", KIMI_VISION,
+                           dict(projection_hidden_size=16, tie_word_embeddings=False)),
+    "qwen3_5_moe_vl": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", QWEN_VISION, {}),
 }
 
 
@@ -61,9 +89,9 @@ def tiny_config(name: str):
     if name in MULTIMODAL:
         from tests.moemesh.models.arch.reference import tiny_config as tiny_arch_config
 
-        cls_name, overrides = MULTIMODAL[name]
-        text = tiny_arch_config("deepseek_v3").to_dict()
-        return getattr(tf, cls_name)(text_config=text, vision_config=dict(KIMI_VISION), **overrides)
+        cls_name, _, text_name, vision, overrides = MULTIMODAL[name]
+        text = (tiny_arch_config(text_name) if text_name == "deepseek_v3" else tiny_config(text_name)).to_dict()
+        return getattr(tf, cls_name)(text_config=text, vision_config=dict(vision), **overrides)
     cls_name, overrides = VARIANTS[name]
     kw = dict(COMMON)
     kw.update(overrides)
@@ -77,7 +105,7 @@ def build(name: str, seed: int = 0):
     config = tiny_config(name)
     if name in MULTIMODAL:
         torch.manual_seed(seed)
-        model = tf.Kimi_K25ForConditionalGeneration(config)
+        model = getattr(tf, MULTIMODAL[name][1])(config)
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 p.copy_(1.0 + 0.1 * torch.randn_like(p)) if "norm" in pname else p.normal_(0.0, 0.1)
