@@ -69,7 +69,7 @@ def load_deltanet(reader: CheckpointReader, prefix: str, hc: HybridConfig, hidde
         in_proj=matmul_layout(torch.cat(rows)),
         conv=get("conv1d.weight", (hc.conv_dim, 1, hc.conv_kernel))[:, 0].contiguous(),
         dt_bias=get("dt_bias", (hv,)),
-        decay_rate=reader.get(f"{prefix}.A_log", shape=(hv,), dtype=torch.float32).exp(),
+        decay_rate=get("A_log", (hv,)).float().exp(),  # A_log in the compute dtype first, as transformers holds it
         norm=get("norm.weight", (dv,)),
         out=matmul_layout(get("out_proj.weight", (hidden, vd))),
         num_key_heads=hk,

@@ -21,7 +21,7 @@ from moemesh.models.layers import linear, matmul_layout
 from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.gate import softmax_topk
+from moemesh.moe.gate import Routing, softmax_topk
 from moemesh.moe.knobs import LayerKnobs
 
 
@@ -61,6 +61,8 @@ def sparse_moe_block(
 ) -> Generator[None, None, Tensor]:
     """h [T, H] (post-attention-normed) -> [T, H]. Yields once, while the routed experts compute."""
     routing = softmax_topk(linear(h, moe.router), knobs.top_k or cfg.top_k, cfg.norm_topk_prob)  # [T, K]
+    # transformers hands the experts these weights in the compute dtype
+    routing = Routing(routing.expert_ids, routing.weights.to(h.dtype).float())
     plan = make_plan(routing, cfg.num_experts, knobs.capacity_factor)
     future = experts.submit(layer, h[plan.token_idx], plan.expert_ids, plan.counts)  # rows [N, H]
     shared = moe.shared(h) if moe.shared is not None else None  # overlaps with the routed experts
