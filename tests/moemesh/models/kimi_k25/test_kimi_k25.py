@@ -61,3 +61,18 @@ def test_int4_compressed_tensors_checkpoint_is_refused():
     d = raw(quantization_config={"quant_method": "compressed-tensors", "format": "pack-quantized"})
     with pytest.raises(ConfigError, match="quantization_config"):
         ModelConfig.from_dicts(d)
+
+
+def test_public_api_carries_no_images():
+    """The generation API takes text, token ids or chat messages whose content is one string: no field
+    can hold an image. An image reaches a model only as its placeholder token, which is refused above."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    from moemesh.rpc.protos import load
+
+    generation_pb2, _ = load("generation")
+    for message in (generation_pb2.GenerateRequest, generation_pb2.ChatMessage, generation_pb2.ChatMessages):
+        for f in message.DESCRIPTOR.fields:
+            assert f.type != FieldDescriptor.TYPE_BYTES, f"{message.DESCRIPTOR.name}.{f.name}"
+    assert [(f.name, f.type) for f in generation_pb2.ChatMessage.DESCRIPTOR.fields] == [
+        ("role", FieldDescriptor.TYPE_STRING), ("content", FieldDescriptor.TYPE_STRING)]
