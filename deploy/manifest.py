@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from deploy.render import pod_specs
-
 Obj = dict[str, Any]
 SERVICE_CONFIGS = {  # service -> config dataclass, as `moemesh serve` resolves them
     "router": "router_svc.config:RouterConfig",
@@ -38,6 +36,18 @@ def field_table(configs: dict[str, type]) -> dict[str, dict[str, Any]]:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+def pod_specs(obj: Obj) -> list[Obj]:
+    """The pod specs inside a workload object (Deployment, StatefulSet, DaemonSet, Job, CronJob, Pod)."""
+    kind, spec = obj.get("kind"), obj.get("spec", {})
+    if kind == "Pod":
+        return [spec]
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
+        return [spec.get("template", {}).get("spec", {})]
+    if kind == "CronJob":
+        return [spec.get("jobTemplate", {}).get("spec", {}).get("template", {}).get("spec", {})]
+    return []
+
 
 def obj_name(o: Obj) -> str:
     return f"{o.get('kind')}/{o.get('metadata', {}).get('name')}"

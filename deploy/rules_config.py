@@ -12,12 +12,12 @@ from deploy.manifest import (
     effective_env,
     grpc_port_of,
     obj_name,
+    pod_specs,
     selector_matches,
     service_of,
     template_labels_of,
     workloads_of,
 )
-from deploy.render import pod_specs
 
 
 def check_env_keys(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list[str]:

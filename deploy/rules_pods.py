@@ -7,11 +7,11 @@ from deploy.manifest import (
     containers_of,
     grpc_port_of,
     obj_name,
+    pod_specs,
     selector_matches,
     template_labels_of,
     workloads_of,
 )
-from deploy.render import pod_specs
 
 
 def check_probes(objs: list[Obj], **_) -> list[str]:

@@ -1,11 +1,11 @@
-"""The kustomizations CI renders, and a cached render of each."""
+"""The kustomizations CI renders, and a cached `kubectl kustomize` render of each."""
 from __future__ import annotations
 
 import copy
 from functools import lru_cache
 from pathlib import Path
 
-from deploy.render import render
+from deploy.check import render
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 OVERLAYS = ("base", "overlays/gpu", "overlays/cpu-dev")

@@ -2,7 +2,7 @@
 import pytest
 
 from deploy.check import effective_env, load_config_classes, service_of
-from deploy.render import pod_specs
+from deploy.manifest import pod_specs
 from moemesh.svc_config import env_name, field_specs
 from tests.deploy.manifests import OVERLAYS, rendered
 

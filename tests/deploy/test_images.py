@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.render import pod_specs
+from deploy.manifest import pod_specs
 from tests.deploy.manifests import OVERLAYS, rendered
 
 DOCKER = Path(__file__).resolve().parents[2] / "deploy" / "docker"
