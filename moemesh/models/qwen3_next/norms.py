@@ -9,7 +9,6 @@ Shape legend: T tokens, D normalised dims.
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
