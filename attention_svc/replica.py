@@ -10,9 +10,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import AsyncIterator
 
-from attention_svc.errors import ReplicaError
+import grpc
+
 from attention_svc.step_loop import StepLoop
+from moemesh.contracts.info import LoadReport, ModelInfo
 from moemesh.engine import SamplingParams, StepOutput
+from moemesh.errors import MeshError, invalid, out_of_range
 
 
 @dataclass(frozen=True)
@@ -25,30 +28,6 @@ class SequenceRequest:
     logprobs: bool = False
 
 
-@dataclass(frozen=True)
-class Load:
-    waiting: int
-    running: int
-    free_blocks: int
-    total_blocks: int
-    serving: bool
-    accepted: int
-
-
-@dataclass(frozen=True)
-class ReplicaInfo:
-    architecture: str
-    vocab_size: int
-    max_context: int
-    max_new_tokens_limit: int
-    eos_token_ids: tuple[int, ...]
-    num_experts: int
-    experts_per_token: int
-    num_layers: int
-    model_dir: str
-    placement_version: int = 0
-
-
 class AttentionReplica:
     def __init__(self, engine, loop: StepLoop, placement_version=lambda: 0) -> None:
         self.engine = engine
@@ -56,9 +35,9 @@ class AttentionReplica:
         self.serving = True
         self._placement_version = placement_version
 
-    def info(self) -> ReplicaInfo:
+    def info(self) -> ModelInfo:
         cfg = self.engine.model_config
-        return ReplicaInfo(
+        return ModelInfo(
             architecture=cfg.architecture,
             vocab_size=cfg.vocab_size,
             max_context=self.engine.max_model_len,
@@ -69,31 +48,31 @@ class AttentionReplica:
             num_layers=cfg.num_layers,
             model_dir=str(Path(self.engine.config.model_dir).resolve()),
             placement_version=self._placement_version(),
+            kv_block_size=self.engine.config.block_size,
+            prefix_caching=self.engine.prefix_caching,
         )
 
-    def load(self) -> Load:
+    def load(self) -> LoadReport:
         alloc = self.engine.kv.allocator
-        return Load(self.loop.waiting, self.loop.running, alloc.num_free, alloc.num_blocks, self.serving, self.loop.accepted)
+        return LoadReport(self.loop.waiting, self.loop.running, alloc.num_free, alloc.num_blocks, self.serving, self.loop.accepted)
 
     def sampling_params(self, req: SequenceRequest) -> SamplingParams:
         """The client's fields over the engine's defaults; an unset max_new_tokens is capped by the context."""
         if not req.prompt_token_ids:
-            raise ReplicaError("INVALID_ARGUMENT", "prompt_token_ids: must not be empty")
+            raise invalid("prompt_token_ids: must not be empty")
         room = self.engine.max_model_len - len(req.prompt_token_ids)
         if room < 1:
-            raise ReplicaError(
-                "OUT_OF_RANGE",
+            raise out_of_range(
                 f"prompt_token_ids: {len(req.prompt_token_ids)} tokens leave no room in the context of {self.engine.max_model_len}",
             )
         try:
             params = SamplingParams(**req.sampling)
         except ValueError as exc:
-            raise ReplicaError("INVALID_ARGUMENT", str(exc)) from exc
+            raise invalid(str(exc)) from exc
         if "max_new_tokens" not in req.sampling:
             params = replace(params, max_new_tokens=min(params.max_new_tokens, room))
         elif params.max_new_tokens > room:
-            raise ReplicaError(
-                "OUT_OF_RANGE",
+            raise out_of_range(
                 f"max_new_tokens: prompt ({len(req.prompt_token_ids)}) + max_new_tokens ({params.max_new_tokens}) "
                 f"exceeds the context of {self.engine.max_model_len}",
             )
@@ -101,7 +80,7 @@ class AttentionReplica:
 
     async def generate(self, req: SequenceRequest) -> AsyncIterator[StepOutput]:
         if not self.serving:
-            raise ReplicaError("UNAVAILABLE", "attention: this replica is shutting down")
+            raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: this replica is shutting down")
         params = self.sampling_params(req)
         queue = self.loop.add(req.request_id, req.prompt_token_ids, params)
         finished = False

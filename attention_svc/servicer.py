@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import grpc
 
-from attention_svc.errors import ReplicaError
 from attention_svc.replica import AttentionReplica, SequenceRequest
+from moemesh.contracts.wire import load_to_proto, model_info_to_proto
+from moemesh.errors import MeshError
 from moemesh.rpc.protos import load
 
-pb, pb_grpc = load("attention")
 SERVICE_NAME = "moemesh.v1.Attention"
+pb, pb_grpc = load("attention")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed")
 
 
@@ -17,6 +18,8 @@ def to_request(msg) -> SequenceRequest:
     sampling["stop_token_ids"] = tuple(msg.stop_token_ids)
     sampling["ignore_eos"] = msg.ignore_eos
     sampling["prompt_logprobs"] = msg.prompt_logprobs
+    if msg.top_logprobs:
+        sampling["top_logprobs"] = msg.top_logprobs
     return SequenceRequest(msg.request_id, tuple(msg.prompt_token_ids), sampling, msg.logprobs)
 
 
@@ -26,8 +29,13 @@ def to_update(out, logprobs: bool):
         msg.token_ids.append(out.token_id)
         if logprobs:
             msg.logprobs.append(out.logprob)
+        if out.top_logprobs is not None:
+            msg.top_logprobs.append(pb.SequenceTopLogprobs(
+                token_ids=[t for t, _ in out.top_logprobs], logprobs=[lp for _, lp in out.top_logprobs]))
     if out.prompt_logprobs is not None:
         msg.prompt_logprobs.extend(pb.SequencePromptLogprob(logprob=lp) for lp in out.prompt_logprobs)
+    if out.cached_tokens is not None:
+        msg.cached_tokens = out.cached_tokens
     return msg
 
 
@@ -40,24 +48,14 @@ class AttentionServicer(pb_grpc.AttentionServicer):
             req = to_request(request)
             async for out in self.replica.generate(req):
                 yield to_update(out, req.logprobs)
-        except ReplicaError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
 
     async def Abort(self, request, context):
         return pb.AbortSequenceResponse(found=self.replica.abort(request.request_id))
 
     async def GetLoad(self, request, context):
-        load = self.replica.load()
-        return pb.LoadReport(
-            waiting=load.waiting, running=load.running, free_blocks=load.free_blocks,
-            total_blocks=load.total_blocks, serving=load.serving, accepted=load.accepted,
-        )
+        return load_to_proto(self.replica.load())
 
     async def GetReplicaInfo(self, request, context):
-        i = self.replica.info()
-        return pb.ReplicaInfo(
-            architecture=i.architecture, vocab_size=i.vocab_size, max_context=i.max_context,
-            max_new_tokens_limit=i.max_new_tokens_limit, eos_token_ids=i.eos_token_ids,
-            num_experts=i.num_experts, experts_per_token=i.experts_per_token, num_layers=i.num_layers,
-            model_dir=i.model_dir, placement_version=i.placement_version,
-        )
+        return model_info_to_proto(self.replica.info())

@@ -14,21 +14,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from attention_svc.errors import ReplicaError
+import grpc
+
 from moemesh.engine import SamplingParams
+from moemesh.errors import MeshError
 
 log = logging.getLogger(__name__)
 
 
 class StepLoop:
-    def __init__(self, engine, between_steps=lambda: None, on_step=None) -> None:
+    def __init__(self, engine, between_steps=lambda: None, on_step=None, wake: asyncio.Event | None = None) -> None:
         self.engine = engine
         self.between_steps = between_steps  # e.g. adopt a staged expert placement
         self.on_step = on_step  # on_step(seconds, sequences) after each step (e.g. ServiceMetrics.observe_step)
         self._adds: list[tuple[str, list[int], SamplingParams]] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
-        self._wake = asyncio.Event()
+        self._wake = wake or asyncio.Event()  # set: run one iteration even when idle (e.g. a placement to adopt)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
         self.steps = 0
         self.accepted = 0  # sequences handed to add() since start
@@ -36,7 +38,7 @@ class StepLoop:
     # ---- called by request handlers (event loop thread) -----------------------------------
     def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> asyncio.Queue:
         if request_id in self._streams:
-            raise ReplicaError("ALREADY_EXISTS", f"request_id: {request_id!r} is already running on this replica")
+            raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {request_id!r} is already running on this replica")
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         self._adds.append((request_id, list(prompt_token_ids), params))
@@ -92,7 +94,7 @@ class StepLoop:
             try:
                 self.engine.add_request(request_id, ids, params)
             except ValueError as exc:
-                self._streams.pop(request_id).put_nowait(ReplicaError("INVALID_ARGUMENT", str(exc)))
+                self._streams.pop(request_id).put_nowait(MeshError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
         aborts, self._aborts = self._aborts, []
         for request_id in aborts:
             self.engine.abort(request_id)
@@ -107,7 +109,7 @@ class StepLoop:
                 del self._streams[out.request_id]
 
     def _fail_all(self, exc: Exception) -> None:
-        err = ReplicaError("UNAVAILABLE", f"experts: the engine step failed ({exc})")
+        err = MeshError(grpc.StatusCode.UNAVAILABLE, f"experts: the engine step failed ({exc})")
         for request_id, queue in list(self._streams.items()):
             self.engine.abort(request_id)
             queue.put_nowait(err)

@@ -1,55 +1,69 @@
-"""Decode tokens/s of the moemesh engine vs transformers `generate`, same checkpoint and dtype.
+"""Decode tokens/s of the moemesh engine vs transformers `generate`, same checkpoint and dtype, with
+the weight bytes each step reads, the engine's load time and memory, and every expert format.
 
-Prints, side by side from one run, per dtype: batch 1, and N concurrent requests (vs transformers
-batched generate on the same prompts), plus the batch-1 weight traffic in GB/s next to a measured
-copy bandwidth (the memory-bandwidth limit of a decode step).
+  python bench/engine_vs_transformers.py [--shape demo|qwen3-sparse|qwen3-sparse-tiny] [--model DIR]
+      [--dtypes float32,bfloat16] [--experts-dtypes bf16,fp8,mxfp4,nvfp4] [--new-tokens 32]
+      [--concurrent 16] [--threads 1] [--repeats 2]
 
-  python bench/engine_vs_transformers.py [--model DIR] [--dtypes float32,bfloat16] [--new-tokens 32]
+Checkpoints (`bench/shapes.py`): `demo` is the demo model when built (`moemesh demo-model`), else a
+random checkpoint of its shape (SmolLM2-135M as an 8-expert Mixtral, top-8 of 8: every token to every
+expert); `qwen3-sparse` is a random Qwen3-MoE of realistic proportions (hidden 1024, 16 layers, 64
+experts of 384, top-8, 16/4 heads of 64, bf16, 2.7 GB), built once into ~/.cache/moemesh/bench;
+`--model DIR` takes any checkpoint instead.
 
-Without --model it uses the demo model when it has been built (`moemesh demo-model`), else a random
-checkpoint of the demo model's shape (SmolLM2-135M as an 8-expert Mixtral: hidden 576, 30 layers,
-9/3 heads, experts of 192, vocab 49152, tied embeddings). Decode rates exclude the prefill: both
-sides are timed from their first generated token to their last. Each figure is the best of --repeats
-interleaved runs, so a noisy neighbour on a shared machine hurts both sides alike. Next to wall-clock
-rates it prints tokens per CPU-second of this process: on an oversubscribed machine with --threads 1
-that is the rate the code would reach on an idle core (with more threads it also counts spin-waits).
+For each compute dtype of --dtypes it prints:
+  1. engine (experts as stored) vs transformers, batch 1 and --concurrent requests decoding together
+     (transformers: batched generate on the same prompts), tokens per wall second and per CPU-second
+     of each side's process (on an oversubscribed machine with --threads 1 the latter is the rate an
+     idle core would reach);
+  2. per batch size, the weight bytes a decode step must read (active experts' bytes: expected
+     distinct experts per layer for the shape's top-k at that batch, in their served format;
+     attention; LM head; see bench/traffic.py) and the GB/s the engine achieved, next to the copy
+     bandwidth measured at the start;
+  3. the engine's memory: checkpoint bytes on disk, load time (`LLMEngine(...)` in a fresh process,
+     checkpoint in the page cache after the first load), peak RSS and its ratio to the checkpoint,
+     resident anonymous vs file-backed bytes after decoding (targets of issue 12 for bf16: peak RSS
+     <= 1.3x the checkpoint, load <= 5 s);
+  4. one row per --experts-dtypes format (`EngineConfig.experts_dtype`, quantized on load): load
+     time, peak RSS, batch-1 and --concurrent tok/s, ratio to the bf16 row, GB/s of weight traffic.
+
+Every engine runs in a spawned process of its own (bench/engine_worker.py), so its load time and RSS
+are its own; transformers runs in this process. Decode rates exclude the prefill (first generated
+token to last, greedy, EOS ignored); each figure is the best of --repeats runs, engine and
+transformers interleaved, so a noisy neighbour on a shared machine hurts both sides alike.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-# Run as a script, bench/ is first on sys.path: drop it so no bench script can shadow a package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+if __name__ == "__main__":  # as a script: the repository root instead of bench/ on sys.path
+    _root = Path(__file__).resolve().parent.parent
+    sys.path[:] = [str(_root)] + [p for p in sys.path if Path(p or ".").resolve() != _root / "bench"]
 
-DEMO_SHAPE = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=192,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-    num_local_experts=8,
-    num_experts_per_tok=8,
-    router_jitter_noise=0.0,
-)
+from bench.engine_worker import EngineProcess, LoadReport, Memory
+from bench.shapes import SHAPES, checkpoint_bytes, checkpoint_dir
+from bench.timing import Rate, best, now, rate
+from bench.traffic import bandwidth, copy_bandwidth_gbs, expert_bytes, step_bytes
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+EXPERT_FORMATS = ("bf16", "fp8", "mxfp4", "nvfp4")
+PACK_CHOICES = {"auto": None, "on": True, "off": False}
+RSS_TARGET = 1.3  # peak RSS / checkpoint bytes, bf16 (issue 12)
+LOAD_TARGET_S = 5.0
 
 
 @dataclass(frozen=True)
 class BenchConfig:
+    shape: str
     model: str | None
     dtypes: tuple[str, ...]
+    experts_dtypes: tuple[str, ...]
     new_tokens: int
     prompt_len: int
     concurrent: int
@@ -58,64 +72,41 @@ class BenchConfig:
     pack_experts: bool | None
 
 
-def build_random_demo_shape(out: Path) -> Path:
-    import transformers as tf
+def comma_list(value: str, choices, flag: str) -> tuple[str, ...]:
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    for v in items:
+        if v not in choices:
+            raise argparse.ArgumentTypeError(f"{flag}: unknown value {v!r} (choose from {', '.join(choices)})")
+    return items
 
-    torch.manual_seed(0)
-    model = tf.MixtralForCausalLM(tf.MixtralConfig(**DEMO_SHAPE)).eval()
-    model.save_pretrained(out)
-    return out
 
-
-def default_model_dir(tmp: Path) -> Path:
-    from moemesh.demo_model.locate import default_demo_dir
-
-    demo = default_demo_dir()
-    if (demo / "config.json").is_file():
-        return demo
-    return build_random_demo_shape(tmp / "demo-shape")
+def parse_args(argv: list[str] | None = None) -> BenchConfig:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="demo", help="named checkpoint (bench/shapes.py)")
+    ap.add_argument("--model", default=None, help="a checkpoint directory instead of --shape")
+    ap.add_argument("--dtypes", type=lambda v: comma_list(v, DTYPES, "--dtypes"), default=tuple(DTYPES))
+    ap.add_argument("--experts-dtypes", type=lambda v: comma_list(v, EXPERT_FORMATS, "--experts-dtypes"), default=EXPERT_FORMATS,
+                    help="expert formats to compare side by side ('' = none)")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--concurrent", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: EngineConfig's default)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--pack-experts", choices=tuple(PACK_CHOICES), default="auto",
+                    help="EngineConfig.pack_experts: a oneDNN-packed expert copy (auto: the engine's default)")
+    a = ap.parse_args(argv)
+    for name in ("new_tokens", "prompt_len", "concurrent", "threads", "repeats"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if a.new_tokens < 2:
+        ap.error("--new-tokens must be >= 2 (decode is timed from the first generated token to the last)")
+    return BenchConfig(a.shape, a.model, a.dtypes, a.experts_dtypes, a.new_tokens, a.prompt_len, a.concurrent,
+                       a.threads, a.repeats, PACK_CHOICES[a.pack_experts])
 
 
 def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
     return torch.randint(3, vocab, (n, length), generator=g).tolist()
-
-
-PACK_CHOICES = {"auto": None, "on": True, "off": False}
-
-
-@dataclass(frozen=True)
-class Rate:
-    """Decode tokens per wall-clock second and per CPU-second, and the mean wall seconds per step."""
-
-    wall: float
-    cpu: float
-    step_s: float
-
-
-def now() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
-def rate(tokens: int, steps: int, start: tuple[float, float], end: tuple[float, float]) -> Rate:
-    wall, cpu = end[0] - start[0], end[1] - start[1]
-    return Rate(tokens / wall, tokens / max(cpu, 1e-9), wall / max(steps, 1))
-
-
-def engine_decode_rate(engine, batch: list[list[int]], new_tokens: int) -> Rate:
-    """First generated token to last, over all requests."""
-    from moemesh.engine import SamplingParams
-
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(batch):
-        engine.add_request(f"bench-{i}", p, params)
-    engine.step()  # prefill + first token
-    steps, tokens = 0, 0
-    start = now()
-    while engine.has_unfinished():
-        tokens += len(engine.step())
-        steps += 1
-    return rate(tokens, steps, start, now())
 
 
 class StepClock:
@@ -135,138 +126,129 @@ def hf_decode_rate(model, batch: list[list[int]], new_tokens: int) -> Rate:
     ids = torch.tensor(batch)
     clock = StepClock()
     model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        streamer=clock,
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        do_sample=False, eos_token_id=None, pad_token_id=0, streamer=clock,
     )
     gen = clock.times[1:]  # arrival of each generated token
     return rate(len(batch) * (len(gen) - 1), len(gen) - 1, gen[0], gen[-1])
 
 
-def copy_bandwidth_gbs() -> float:
-    """Best-of-5 memory copy bandwidth (bytes read + written per second) on a 256 MB buffer."""
-    src = torch.empty(64 * 1024 * 1024, dtype=torch.float32).uniform_()
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(6):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * 4 / best / 1e9
+def engine_config(cfg: BenchConfig, model_dir: Path, dtype: str, experts_dtype: str | None):
+    from moemesh.engine import EngineConfig
+
+    return EngineConfig(
+        str(model_dir), dtype=dtype, experts_dtype=experts_dtype, max_num_seqs=cfg.concurrent,
+        kv_cache_tokens=cfg.concurrent * (cfg.prompt_len + cfg.new_tokens + 16), num_threads=cfg.threads,
+        pack_experts=cfg.pack_experts,
+    )
 
 
-def step_matrices(engine) -> list[torch.Tensor]:
-    """The weight matrices a decode step multiplies by, as the engine holds them ([out, in] views):
-    attention, router, dense MLPs, the experts' concatenated gate_up/down (every token to every expert),
-    the LM head."""
-    mats = []
-    for lyr in engine.model.layers:
-        mats += [t for t in (lyr.attn.qkv, lyr.attn.o, lyr.router, lyr.mlp_gate_up, lyr.mlp_down) if t is not None]
-    for cat in getattr(engine.experts, "concatenated", {}).values():
-        mats += [cat.gate_up, cat.down]
-    return mats + [engine.model.lm_head]
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine configuration measured: load, best rates at batch 1 and N, memory after decoding."""
+
+    load: LoadReport
+    one: Rate
+    many: Rate
+    memory: Memory
 
 
-def matmul_floor_cpu_s(engine, rows: int, repeats: int = 3) -> float:
-    """Best CPU seconds of the step's weight matmuls alone (x[rows, in] @ w.t() for each matrix, same
-    tensors and layouts): what a step would cost with zero overhead besides them."""
-    from moemesh.models.layers import linear
+def measure_engine(cfg: BenchConfig, engine: EngineProcess, one, many, rivals=None) -> tuple[EngineRun, dict]:
+    """Warm-up, then --repeats rounds of batch 1 and batch N. `rivals` (name -> fn(batch, new_tokens)
+    -> Rate) run interleaved with the engine; their best rates come back keyed (name, "1" | "n")."""
+    rivals = rivals or {}
+    engine.decode(one, 4)
+    for fn in rivals.values():
+        fn(one, 4)
+    runs: dict[tuple[str, str], list[Rate]] = {}
+    for _ in range(cfg.repeats):
+        for key, batch in (("1", one), ("n", many)):
+            runs.setdefault(("engine", key), []).append(engine.decode(batch, cfg.new_tokens))
+            for name, fn in rivals.items():
+                runs.setdefault((name, key), []).append(fn(batch, cfg.new_tokens))
+    run = EngineRun(engine.load, best(runs[("engine", "1")]), best(runs[("engine", "n")]), engine.memory())
+    return run, {k: best(v) for k, v in runs.items() if k[0] != "engine"}
 
-    mats = step_matrices(engine)
-    xs = {(w.shape[1], w.dtype): torch.randn(rows, w.shape[1], dtype=w.dtype) for w in mats}
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.process_time()
-        for w in mats:
-            linear(xs[(w.shape[1], w.dtype)], w)
-        best = min(best, time.process_time() - start)
-    return best
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
 
 
-def expert_bytes(engine) -> int:
-    return sum(w.nbytes for w in engine.experts.weights.values())
+def print_memory(run: EngineRun, ckpt: int) -> None:
+    m = run.memory
+    print(
+        f"engine memory: checkpoint {gb(ckpt)} on disk; load {run.load.load_s:.1f} s (target <= {LOAD_TARGET_S:.0f} s); "
+        f"peak RSS {gb(m.peak_rss)} = {m.peak_rss / ckpt:.2f}x the checkpoint (target <= {RSS_TARGET}x for bf16; "
+        f"{gb(run.load.rss_before)} before loading); resident after decoding: {gb(m.rss_anon)} anonymous, "
+        f"{gb(m.rss_file)} file-backed"
+    )
 
 
 def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: float) -> None:
     import transformers as tf
 
-    from moemesh.engine import EngineConfig, LLMEngine
+    from moemesh.models.registry import load_model_config
 
     dtype = DTYPES[dtype_name]
-    engine = LLMEngine(
-        EngineConfig(
-            str(model_dir), dtype=dtype_name, max_num_seqs=cfg.concurrent, kv_cache_tokens=cfg.concurrent * 256,
-            num_threads=cfg.threads, pack_experts=cfg.pack_experts,
-        )
-    )
+    mcfg = load_model_config(model_dir)
+    ckpt = checkpoint_bytes(model_dir)
+    one = prompts(1, cfg.prompt_len, mcfg.vocab_size)
+    many = prompts(cfg.concurrent, cfg.prompt_len, mcfg.vocab_size)
+    n = cfg.concurrent
+
     hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    vocab = engine.model_config.vocab_size
-    one = prompts(1, cfg.prompt_len, vocab)
-    many = prompts(cfg.concurrent, cfg.prompt_len, vocab)
-    runs: dict[str, list[Rate]] = {"e1": [], "h1": [], "en": [], "hn": []}
-    with torch.inference_mode():
-        engine_decode_rate(engine, one, 4)  # warm-up both sides
-        hf_decode_rate(hf, one, 4)
-        for _ in range(cfg.repeats):
-            runs["e1"].append(engine_decode_rate(engine, one, cfg.new_tokens))
-            runs["h1"].append(hf_decode_rate(hf, one, cfg.new_tokens))
-            runs["en"].append(engine_decode_rate(engine, many, cfg.new_tokens))
-            runs["hn"].append(hf_decode_rate(hf, many, cfg.new_tokens))
-        floors = {"1": matmul_floor_cpu_s(engine, 1), "n": matmul_floor_cpu_s(engine, cfg.concurrent)}
-    best = {k: Rate(max(r.wall for r in v), max(r.cpu for r in v), min(r.step_s for r in v)) for k, v in runs.items()}
-    bytes_per_step = engine.model.weight_bytes() + expert_bytes(engine)
-    achieved = bytes_per_step / best["e1"].step_s / 1e9
-    packed = any(c.gate_up.is_mkldnn for c in getattr(engine.experts, "concatenated", {}).values())
-    print(f"\n[{dtype_name}] {model_dir} (packed expert copy: {'yes' if packed else 'no'})")
+    hf_rate = {"transformers": lambda batch, new: hf_decode_rate(hf, batch, new)}
+    with torch.inference_mode(), EngineProcess(engine_config(cfg, model_dir, dtype_name, None)) as engine:
+        run, rivals = measure_engine(cfg, engine, one, many, hf_rate)
+    del hf, hf_rate
+    gc.collect()
+
+    print(f"\n[{dtype_name}] {model_dir}: {mcfg.architecture}, {len(mcfg.moe_layers)} MoE layers of {mcfg.num_experts} "
+          f"experts, top-{mcfg.top_k}")
     print(f"{'case':<16}{'moemesh tok/s':>15}{'transformers':>14}{'ratio':>7}   {'moemesh tok/CPU-s':>18}{'transformers':>14}{'ratio':>7}")
-    for key, label in (("1", "batch 1"), ("n", f"{cfg.concurrent} concurrent")):
-        e, h = best["e" + key], best["h" + key]
+    for key, label, e in (("1", "batch 1", run.one), ("n", f"{n} concurrent", run.many)):
+        h = rivals[("transformers", key)]
         print(f"{label:<16}{e.wall:>15.1f}{h.wall:>14.1f}{e.wall / h.wall:>7.2f}   {e.cpu:>18.1f}{h.cpu:>14.1f}{e.cpu / h.cpu:>7.2f}")
-    for key, rows in (("1", 1), ("n", cfg.concurrent)):
-        e, h = best["e" + key], best["h" + key]
-        step_cpu, floor = rows / e.cpu, floors[key]
-        print(
-            f"{'batch ' + str(rows) + ' CPU/step':<16}{step_cpu * 1e3:>8.1f} ms, weight matmuls alone {floor * 1e3:.1f} ms "
-            f"({floor / step_cpu:.0%}); matmul-only bound {rows / floor:.1f} tok/CPU-s = {rows / floor / h.cpu:.2f}x transformers"
-        )
-    print(
-        f"batch-1 weight traffic: {bytes_per_step / 1e6:.0f} MB/step in {best['e1'].step_s * 1e3:.1f} ms = {achieved:.1f} GB/s; "
-        f"copy bandwidth {limit_gbs:.1f} GB/s -> {achieved / limit_gbs:.0%} of the limit"
-    )
-    on_cpu = bytes_per_step * best["e1"].cpu / 1e9  # per CPU-second of the step (what an idle core would reach)
-    print(f"batch-1 weight traffic per CPU-second: {on_cpu:.1f} GB/s -> {on_cpu / limit_gbs:.0%} of the limit")
+    stored = expert_bytes(model_dir, dtype, None)
+    for batch, r in ((1, run.one), (n, run.many)):
+        traffic = step_bytes(mcfg, dtype, stored, batch)
+        step_cpu = batch / r.cpu  # CPU seconds per step
+        print(f"batch {batch}: {traffic.describe()}; in {r.step_s * 1e3:.1f} ms = {bandwidth(traffic, r.step_s, limit_gbs)}; "
+              f"per CPU-second {traffic.total / step_cpu / 1e9:.1f} GB/s")
+    print_memory(run, ckpt)
+
+    if not cfg.experts_dtypes:
+        return
+    rows = {}
+    for fmt in cfg.experts_dtypes:
+        with EngineProcess(engine_config(cfg, model_dir, dtype_name, fmt)) as engine:
+            rows[fmt] = measure_engine(cfg, engine, one, many)[0]
+    print(f"experts dtype (compute {dtype_name}, --experts-dtype; quantized on load):")
+    print(f"{'format':<8}{'load s':>8}{'peak RSS':>10}{'x ckpt':>8}{'batch 1':>10}{'x bf16':>8}{'GB/s':>7}{'copy %':>8}"
+          f"{n:>6} conc{'x bf16':>8}{'GB/s':>7}{'copy %':>8}")
+    base = rows.get("bf16")
+    for fmt, r in rows.items():
+        per_expert = expert_bytes(model_dir, dtype, fmt)
+        cells = []
+        for batch, rt, ref in ((1, r.one, base.one if base else None), (n, r.many, base.many if base else None)):
+            gbs = step_bytes(mcfg, dtype, per_expert, batch).total / rt.step_s / 1e9
+            ratio = f"{rt.wall / ref.wall:.2f}" if ref else "-"
+            cells.append(f"{rt.wall:>10.1f}{ratio:>8}{gbs:>7.1f}{gbs / limit_gbs:>8.0%}")
+        print(f"{fmt:<8}{r.load.load_s:>8.1f}{r.memory.peak_rss / 1e9:>9.2f}G{r.memory.peak_rss / ckpt:>8.2f}{cells[0]}{cells[1]}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--concurrent", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: EngineConfig's default)")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--pack-experts", choices=("auto", "on", "off"), default="auto",
-                    help="EngineConfig.pack_experts: a oneDNN-packed expert copy (auto: the engine's default)")
-    a = ap.parse_args()
-    dtypes = tuple(d.strip() for d in a.dtypes.split(",") if d.strip())
-    for d in dtypes:
-        if d not in DTYPES:
-            raise SystemExit(f"--dtypes: unknown dtype {d!r} (choose from {', '.join(DTYPES)})")
-    cfg = BenchConfig(a.model, dtypes, a.new_tokens, a.prompt_len, a.concurrent, a.threads, a.repeats, PACK_CHOICES[a.pack_experts])
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
     torch.set_num_threads(cfg.threads)
     limit = copy_bandwidth_gbs()
-    print(f"threads {cfg.threads}, pack_experts {cfg.pack_experts}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}")
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(cfg.model) if cfg.model else default_model_dir(Path(tmp))
-        for d in cfg.dtypes:
-            bench_dtype(cfg, model_dir, d, limit)
+    model_dir = Path(cfg.model) if cfg.model else checkpoint_dir(cfg.shape, progress=lambda m: print(m, file=sys.stderr))
+    print(f"{cfg.model or cfg.shape}: {model_dir} ({gb(checkpoint_bytes(model_dir))}); threads {cfg.threads}, "
+          f"pack_experts {cfg.pack_experts}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}; "
+          f"copy bandwidth {limit:.1f} GB/s")
+    for d in cfg.dtypes:
+        bench_dtype(cfg, model_dir, d, limit)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

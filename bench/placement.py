@@ -53,7 +53,7 @@ def main() -> None:
         phys = num_servers * min(slots, experts)
         for a in EXPONENTS:
             load = zipf_load(args.layers, experts, a, g)
-            init = initial_placement(args.layers, experts, servers)
+            init = initial_placement(range(args.layers), experts, [(s.server_id, s.slots * args.layers) for s in servers], version=0)
             t0 = time.process_time()
             solved = solve(load, servers, current=init, tolerance=args.tolerance)
             ms = (time.process_time() - t0) * 1e3

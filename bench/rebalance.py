@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 import tempfile
 import threading
@@ -26,13 +27,16 @@ from pathlib import Path
 
 import grpc
 
-from control_svc.wire import control_grpc, control_pb2
+from moemesh.contracts.wire import control_grpc, control_pb2
 from moemesh.launcher.child import Child, stop_all
 from moemesh.launcher.health import wait_serving
 from moemesh.launcher.mesh import serve_argv
 from moemesh.launcher.ports import free_port
+from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
-from router_svc.client import build_request
+from moemesh.rpc.security import SecurityConfig
+from moemesh.rpc.server import make_sync_channel
+from moemesh.rpc.generation import build_request
 
 gen_pb, gen_grpc = load("generation")
 PROMPTS = [
@@ -41,15 +45,20 @@ PROMPTS = [
 ]
 
 
+# the mesh token of the services this benchmark starts (one per run)
+BENCH_TOKEN = secrets.token_urlsafe(32)
+BENCH_RPC = RpcConfig(security=SecurityConfig(mesh_token=BENCH_TOKEN))
+
+
 def start(children: list[Child], log_dir: Path, name: str, service: str, flags: dict, timeout_s: float, threads: int) -> str:
     """One service process; `threads` torch/OpenMP threads (oversubscribed OpenMP threads spin and
     make GEMM times erratic on a shared machine)."""
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "MOEMESH_MESH_TOKEN": BENCH_TOKEN}
     child = Child(name, serve_argv(service, {"host": "127.0.0.1", "port": port, **flags}), log_dir / f"{name}.log", env=env)
     children.append(child)
     address = f"127.0.0.1:{port}"
-    wait_serving(address, timeout_s, alive=lambda: child.poll() is None)
+    wait_serving(address, timeout_s, alive=lambda: child.poll() is None, rpc=BENCH_RPC)
     return address
 
 
@@ -149,7 +158,7 @@ def main() -> int:
         attention = start(children, log_dir, "attention", "attention", {"model_dir": args.model, "control_addr": control,
                                                                          "num_threads": args.threads}, args.start_timeout_s, args.threads)
         router = start(children, log_dir, "router", "router", {"model_dir": args.model, "attention": attention}, args.start_timeout_s, 1)
-        with grpc.insecure_channel(control) as ch:
+        with make_sync_channel(control, BENCH_RPC) as ch:
             ctl = control_grpc.ControlServiceStub(ch)
             ctl.SetKnobs(control_pb2.SetKnobsRequest(top_k=args.top_k), timeout=120)
             streams = Streams(router, args.concurrency, args.output_len, deadline_s=args.warmup_s + 3 * args.phase_s + 180)

@@ -5,16 +5,16 @@ import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from control_svc.knobs import RoutingKnobs
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.placement import Placement
 
 
 @dataclass(frozen=True)
 class PlacementView:
     placement: Placement
     servers: tuple[ServerInfo, ...]  # every server the placement names
-    knobs: RoutingKnobs = RoutingKnobs()  # top-k / capacity in force with this version
+    knobs: MoeKnobs = MoeKnobs()  # top-k / capacity in force with this version
 
 
 class PlacementBoard:

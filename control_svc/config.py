@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from control_svc.placement.policy import RebalancePolicy
+from control_svc.placement import RebalancePolicy
 from moemesh.rpc.config import RpcConfig
 
 
@@ -26,12 +26,15 @@ class ControlConfig:
     rebalance_tolerance: float = field(default=0.05, metadata={"help": "relative balance the solver trades for fewer moves"})
     redundant_experts: int | None = field(default=None, metadata={"help": "extra expert copies per MoE layer (replicas of the hottest); unset = the solver compares none and every free slot"})
     failure_probe_timeout_s: float = field(default=1.0, metadata={"help": "a server reported unreachable is declared dead when it does not answer within this"})
+    max_expert_tokens_per_s: float = field(default=1e6, metadata={
+        "help": "a heartbeat's token count per (layer, expert) is clamped to this rate over its load window (no forged load swamps the placement)"})
     metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port; unset = no metrics endpoint, 0 = any free port"})
     rpc: RpcConfig = RpcConfig()
 
     def __post_init__(self) -> None:
         if not self.model_dir:
             raise ValueError("model_dir must name a model directory")
+        self.rpc.security.require_token()  # a service never serves open by accident
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.expected_expert_servers < 1:
@@ -42,7 +45,8 @@ class ControlConfig:
             raise ValueError(f"rebalance_interval_s must be >= 0, got {self.rebalance_interval_s}")
         if self.redundant_experts is not None and self.redundant_experts < 0:
             raise ValueError(f"redundant_experts must be >= 0 (or unset), got {self.redundant_experts}")
-        for name in ("heartbeat_interval_s", "dead_after_s", "prepare_timeout_s", "release_timeout_s", "failure_probe_timeout_s"):
+        for name in ("heartbeat_interval_s", "dead_after_s", "prepare_timeout_s", "release_timeout_s", "failure_probe_timeout_s",
+                     "max_expert_tokens_per_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         self.policy()  # validates the rebalance_* fields

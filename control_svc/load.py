@@ -4,9 +4,14 @@ Shape letters: L MoE layers, E logical experts.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 import torch
+
+from moemesh.errors import invalid
+
+MAX_WINDOW_S = 3600.0  # the longest load window a heartbeat may claim
 
 
 def window_load(stats: Iterable[object], layers: Sequence[int], num_experts: int) -> torch.Tensor:
@@ -21,4 +26,28 @@ def window_load(stats: Iterable[object], layers: Sequence[int], num_experts: int
             i = row.get(load.layer)
             if i is not None and 0 <= load.expert_id < num_experts:
                 out[i, load.expert_id] += load.tokens
+    return out
+
+
+def bounded_stats(stats, layers: Sequence[int], num_experts: int, max_tokens_per_s: float):
+    """A copy of a heartbeat's moemesh.v1.ExpertStats fit to enter the load: MeshError
+    INVALID_ARGUMENT naming the field for a (layer, expert) the model does not have; each count
+    clamped to `max_tokens_per_s` over the claimed window (at most MAX_WINDOW_S; a non-finite or
+    non-positive window counts as 1 s), non-finite times as 0. So a forged or broken heartbeat can
+    neither overflow the load nor outweigh every real server by orders of magnitude."""
+    moe = set(layers)
+    for i, load in enumerate(stats.loads):
+        if load.layer not in moe:
+            raise invalid(f"stats.loads[{i}].layer: {load.layer} is not a MoE layer (MoE layers: {sorted(moe)})")
+        if not 0 <= load.expert_id < num_experts:
+            raise invalid(f"stats.loads[{i}].expert_id: {load.expert_id} is not in [0, {num_experts})")
+    out = type(stats)()
+    out.CopyFrom(stats)
+    window = stats.window_seconds if math.isfinite(stats.window_seconds) and stats.window_seconds > 0 else 1.0
+    out.window_seconds = min(window, MAX_WINDOW_S)
+    cap = int(max_tokens_per_s * out.window_seconds)
+    for load in out.loads:
+        load.tokens = min(load.tokens, cap)
+    if not math.isfinite(out.busy_seconds) or out.busy_seconds < 0:
+        out.busy_seconds = 0.0
     return out

@@ -3,10 +3,11 @@
 - initial: once `expected_expert_servers` servers serve and no placement exists, the initial
   placement (round robin within slot budgets) goes through prepare -> commit -> release as v1;
 - rebalance: on request or every `rebalance_interval_s`, the solver's placement for the servers'
-  window load is switched in when the policy says it is worth it (`control_svc/rebalance.py`);
+  window load is switched in when the policy says it is worth it (`placement.plan_rebalance`);
 - knobs: top-k / capacity changes are a new version with the same replicas and new knobs;
 - join: a server registering after the initial placement gets experts (a forced rebalance);
-- drain: a draining server's experts move to the others before it leaves;
+- drain: a draining server's experts move to the others before it leaves; undrain: it serves
+  again and a forced rebalance gives it experts back;
 - failover: a server that misses heartbeats for `dead_after_s`, or that an attention replica
   reports unreachable and that then fails a probe, is declared dead; its copies with replicas
   elsewhere are dropped from the placement, its sole copies move to the others (evacuate).
@@ -17,19 +18,18 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+import grpc
 import torch
 
 from control_svc.board import PlacementBoard, PlacementView
 from control_svc.config import ControlConfig
-from control_svc.evacuate import evacuate
-from control_svc.initial_placement import round_robin_placement
-from control_svc.knobs import RoutingKnobs
-from control_svc.load import window_load
-from control_svc.placement import ServerBudget, balancedness
-from control_svc.rebalance import RebalancePlan, plan_rebalance
+from control_svc.load import bounded_stats, window_load
+from control_svc.placement import RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import check_change
+from moemesh.errors import MeshError, invalid
 from moemesh.telemetry import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,10 @@ class ControlPlane:
 
     # ---- registration ------------------------------------------------------------------------
     def register_expert(self, info: ServerInfo) -> ServerInfo:
+        # a server registering from the address of one we think alive is its restart (only one process
+        # can listen there): the old one is gone, its experts fail over now rather than after dead_after_s
+        for old in [r.info.server_id for r in self.registry.experts.values() if r.info.address == info.address and r.info.state != "dead"]:
+            self.declare_dead(old, f"a new server registered from its address {info.address}")
         rec = self.registry.register_expert(info)
         log.info("expert server %s registered at %s (%s)", rec.server_id, rec.address, rec.device)
         if self.board.version == 0 and len(self.registry.serving()) >= self.expected and self._initial is None:
@@ -81,7 +85,7 @@ class ControlPlane:
     async def place_initial(self) -> None:
         servers = [(s.server_id, s.slot_budget) for s in self.registry.serving()]
         try:
-            placement = round_robin_placement(self.moe_layers, self.num_experts, servers, version=1)
+            placement = initial_placement(self.moe_layers, self.num_experts, servers, version=1)
             await self.switch.switch(placement)
             self._publish_metrics()
         except Exception:
@@ -98,6 +102,9 @@ class ControlPlane:
             await asyncio.sleep(0.02)
 
     def heartbeat(self, id_: str, adopted_version: int | None, stats: Any) -> bool:
+        """Records a heartbeat (the stats bounded: `load.bounded_stats`); False for an unknown id."""
+        if stats is not None:
+            stats = bounded_stats(stats, self.moe_layers, self.num_experts, self.cfg.max_expert_tokens_per_s)
         return self.registry.heartbeat(id_, adopted_version, stats)
 
     # ---- load and balance --------------------------------------------------------------------
@@ -126,17 +133,21 @@ class ControlPlane:
     # ---- placement changes -------------------------------------------------------------------
     async def rebalance(self, force: bool = False, prior: int = 1) -> RebalancePlan:
         """Solve for the window load (+ `prior` tokens per expert, so an idle mesh still spreads)
-        and switch when the plan says so. Returns the plan (`placement` None: nothing switched)."""
+        and switch when the plan says so. Returns the plan (`placement` None: nothing switched).
+        MeshError FAILED_PRECONDITION before the first placement or when the servers cannot hold
+        the experts, ABORTED when the switch cannot be prepared."""
         plans: list[RebalancePlan] = []
 
         def build(view: PlacementView):
-            if view.placement.version == 0:
-                raise ValueError("no placement yet: the expert servers have not all registered")
+            self._check_placed(view)
             budgets = self.budgets()
             if not budgets:
-                raise ValueError("no serving expert server to place experts on")
+                raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "no serving expert server to place experts on")
             num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
-            plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force, prior)
+            try:
+                plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force, prior)
+            except ValueError as e:  # e.g. the serving servers' budgets cannot hold every expert
+                raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from e
             plans.append(plan)
             return None if plan.placement is None else (plan.placement, view.knobs)
 
@@ -155,13 +166,13 @@ class ControlPlane:
 
     async def set_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> PlacementView:
         """Commit a new version with the same replicas and the changed knobs; returns once every
-        live attention replica runs it (or after `release_timeout_s`). ValueError for bad values."""
+        live attention replica runs it (or after `release_timeout_s`). MeshError INVALID_ARGUMENT
+        for bad values, FAILED_PRECONDITION before the first placement, ABORTED as `rebalance`."""
         self.check_knobs(top_k, capacity_factor, layer)
 
         def build(view: PlacementView):
-            if view.placement.version == 0:
-                raise ValueError("no placement yet: the expert servers have not all registered")
-            return view.placement, view.knobs.updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+            self._check_placed(view)
+            return view.placement, view.knobs.updated(top_k, capacity_factor, layer)
 
         view = await self.switch.switch_with(build)
         await self.switch.wait_adopted(view.placement.version, self.cfg.release_timeout_s)
@@ -169,8 +180,16 @@ class ControlPlane:
         return view
 
     def check_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> None:
-        """ValueError naming the field when these knob values are invalid for the model."""
-        RoutingKnobs().updated(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+        """MeshError INVALID_ARGUMENT naming the field when these knob values do not fit the model."""
+        try:
+            check_change(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
+        except ValueError as e:
+            raise invalid(str(e)) from e
+
+    @staticmethod
+    def _check_placed(view: PlacementView) -> None:
+        if view.placement.version == 0:
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "no placement yet: the expert servers have not all registered")
 
     def drain(self, server_id: str) -> tuple[str, bool]:
         """Mark `server_id` draining and, when other servers serve, switch in a placement without
@@ -184,6 +203,16 @@ class ControlPlane:
             return state, False
         self.moving.add(server_id)
         self._background(self._evacuate(server_id), f"evacuating {server_id}", lambda: self.moving.discard(server_id))
+        return state, True
+
+    def undrain(self, server_id: str) -> tuple[str, bool]:
+        """A draining server serves again; once a placement exists, a forced rebalance (queued behind
+        an evacuation still running) gives it experts back. Returns (state, placing)."""
+        state = self.registry.undrain(server_id)
+        self.moving.discard(server_id)
+        if self.board.version == 0:
+            return state, False
+        self._background(self.rebalance(force=True), f"placing experts on undrained server {server_id}", lambda: None)
         return state, True
 
     def _targets(self) -> list[tuple[str, int]]:
@@ -219,7 +248,14 @@ class ControlPlane:
 
     def _fail_over(self, server_id: str, why: str) -> None:
         log.warning("expert server %s is dead (%s): moving its experts away", server_id, why)
-        self._background(self._evacuate(server_id), f"failover of {server_id}", lambda: None)
+
+        async def evacuate_and_forget() -> None:
+            try:
+                await self._evacuate(server_id)
+            finally:
+                await self.ops.forget(server_id)  # its channel (and reconnect backoff) goes with it
+
+        self._background(evacuate_and_forget(), f"failover of {server_id}", lambda: None)
 
     async def report_failure(self, server_id: str, detail: str) -> bool:
         """An attention replica could not reach `server_id`. Probe it; when it does not answer

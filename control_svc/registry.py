@@ -1,8 +1,8 @@
 """`Registry`: the expert servers and attention replicas the control plane knows, and their liveness.
 
 Expert servers get ids "expert-0", "expert-1", ...; attention replicas "attention-0", ...
-States: serving -> draining (asked to leave) -> removed on Deregister; serving/draining -> dead
-when no heartbeat arrived for `dead_after_s`.
+States: serving -> draining (asked to leave) -> removed on Deregister, or back to serving
+(undrain); serving/draining -> dead when no heartbeat arrived for `dead_after_s`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from control_svc.wire import ServerInfo
+import grpc
+
+from moemesh.contracts.info import ServerInfo
+from moemesh.errors import MeshError, invalid
 
 
 @dataclass
@@ -31,10 +34,6 @@ class AttentionRecord:
     alive: bool = True
 
 
-class UnknownId(KeyError):
-    """No server or replica with this id -> NOT_FOUND."""
-
-
 @dataclass
 class Registry:
     clock: Callable[[], float] = time.monotonic
@@ -45,7 +44,7 @@ class Registry:
 
     def register_expert(self, info: ServerInfo) -> ServerInfo:
         if not info.address or ":" not in info.address:
-            raise ValueError(f"server.address must be host:port, got {info.address!r}")
+            raise invalid(f"server.address must be host:port, got {info.address!r}")
         for rec in self.experts.values():  # a restarted server at the same address replaces its old record
             if rec.info.address == info.address and rec.info.state == "dead":
                 del self.experts[rec.info.server_id]
@@ -84,6 +83,15 @@ class Registry:
             rec.info = dataclasses.replace(rec.info, state="draining")
         return rec.info.state
 
+    def undrain(self, id_: str) -> str:
+        """A draining server serves again (a serving one stays so); MeshError FAILED_PRECONDITION
+        for a dead one (it must register again)."""
+        rec = self.expert(id_)
+        if rec.info.state == "dead":
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, f"id: {id_!r} is dead: a dead server registers again instead")
+        rec.info = dataclasses.replace(rec.info, state="serving")
+        return rec.info.state
+
     def mark_dead(self, id_: str) -> bool:
         """Declare expert server `id_` dead now (e.g. it stopped answering); False when it already was."""
         rec = self.expert(id_)
@@ -94,12 +102,12 @@ class Registry:
 
     def deregister(self, id_: str) -> None:
         if self.experts.pop(id_, None) is None and self.attention.pop(id_, None) is None:
-            raise UnknownId(f"id {id_!r} is not registered")
+            raise MeshError(grpc.StatusCode.NOT_FOUND, f"id {id_!r} is not registered")
 
     def expert(self, id_: str) -> ExpertServerRecord:
         rec = self.experts.get(id_)
         if rec is None:
-            raise UnknownId(f"id {id_!r} is not a registered expert server")
+            raise MeshError(grpc.StatusCode.NOT_FOUND, f"id {id_!r} is not a registered expert server")
         return rec
 
     def reap(self, dead_after_s: float) -> list[str]:

@@ -1,16 +1,20 @@
-"""`ControlServicer`: moemesh.v1.ControlService <-> `ControlPlane`. Translation and status codes only."""
+"""`ControlServicer`: moemesh.v1.ControlService <-> `ControlPlane`. Translation only: a `MeshError` from the
+plane aborts the call with its status and message."""
 from __future__ import annotations
 
 import grpc
 
 from control_svc.board import PlacementView
 from control_svc.plane import ControlPlane
-from control_svc.registry import UnknownId
 from control_svc.status import ControlStatus, gather_status
-from control_svc.switch import SwitchError
-from control_svc.wire import (
+from moemesh.contracts.wire import (
     STATES, control_grpc, control_pb2, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
 )
+from moemesh.errors import MeshError
+from moemesh.rpc.protos import load
+
+SERVICE_NAME = "moemesh.v1.ControlService"
+expert_pb2, _ = load("expert")
 
 
 def update_message(view: PlacementView):
@@ -40,6 +44,9 @@ def status_message(st: ControlStatus):
             for r in st.replicas
         ],
         knobs=knobs_to_proto(st.knobs), switching=st.switching, placement=placement_to_proto(st.placement),
+        expert_loads=[
+            expert_pb2.ExpertLoad(layer=layer, expert_id=e, tokens=n) for layer, row in st.expert_loads for e, n in enumerate(row)
+        ],
     )
 
 
@@ -50,8 +57,8 @@ class ControlServicer(control_grpc.ControlServiceServicer):
     async def RegisterExpertServer(self, request, context):
         try:
             info = self.plane.register_expert(server_from_proto(request.server))
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.RegisterExpertServerResponse(
             server_id=info.server_id,
             placement=placement_to_proto(self.plane.board.current.placement),
@@ -66,7 +73,10 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         if not request.id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "id is empty")
         adopted = request.adopted_version if request.HasField("adopted_version") else None
-        known = self.plane.heartbeat(request.id, adopted, request.stats if request.HasField("stats") else None)
+        try:
+            known = self.plane.heartbeat(request.id, adopted, request.stats if request.HasField("stats") else None)
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         rec = self.plane.registry.experts.get(request.id)
         state = STATES[rec.info.state] if rec else control_pb2.SERVER_STATE_UNSPECIFIED
         return control_pb2.HeartbeatResponse(
@@ -76,15 +86,22 @@ class ControlServicer(control_grpc.ControlServiceServicer):
     async def Drain(self, request, context):
         try:
             state, moving = self.plane.drain(request.id)
-        except UnknownId as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.DrainResponse(state=STATES[state], moving=moving)
+
+    async def Undrain(self, request, context):
+        try:
+            state, placing = self.plane.undrain(request.id)
+        except MeshError as e:
+            await context.abort(e.code, e.message)
+        return control_pb2.UndrainResponse(state=STATES[state], placing=placing)
 
     async def Deregister(self, request, context):
         try:
             self.plane.registry.deregister(request.id)
-        except UnknownId as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e.args[0]))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.DeregisterResponse()
 
     async def GetPlacement(self, request, context):
@@ -100,10 +117,8 @@ class ControlServicer(control_grpc.ControlServiceServicer):
     async def Rebalance(self, request, context):
         try:
             plan = await self.plane.rebalance(force=request.force)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except SwitchError as e:
-            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.RebalanceResponse(
             switched=plan.placement is not None, placement_version=self.plane.board.version,
             balancedness_before=plan.before, balancedness_after=plan.after, moves=plan.moves, reason=plan.reason,
@@ -114,15 +129,9 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         cf = request.capacity_factor if request.HasField("capacity_factor") else None
         layer = request.layer if request.HasField("layer") else None
         try:
-            self.plane.check_knobs(top_k, cf, layer)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        try:
             view = await self.plane.set_knobs(top_k, cf, layer)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except SwitchError as e:
-            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.SetKnobsResponse(placement_version=view.placement.version, knobs=knobs_to_proto(view.knobs))
 
     async def ReportFailure(self, request, context):

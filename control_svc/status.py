@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from control_svc.knobs import RoutingKnobs
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,13 @@ class ReplicaStatus:
 @dataclass(frozen=True)
 class ControlStatus:
     placement: Placement
-    knobs: RoutingKnobs
+    knobs: MoeKnobs
     balancedness: float
     window_tokens: int
     servers: tuple[ExpertServerStatus, ...]
     replicas: tuple[ReplicaStatus, ...]
     switching: bool
+    expert_loads: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (MoE layer, window tokens per logical expert)
 
 
 def gather_status(plane) -> ControlStatus:
@@ -50,6 +51,9 @@ def gather_status(plane) -> ControlStatus:
         ReplicaStatus(r.replica_id, r.address, r.adopted_version or 0, r.alive, now - r.last_heartbeat)
         for r in plane.registry.attention.values()
     )
+    load = plane.load()  # [L, E]
+    loads = tuple((layer, tuple(int(n) for n in row)) for layer, row in zip(plane.moe_layers, load.tolist()))
     return ControlStatus(
-        view.placement, view.knobs, plane.balancedness(), int(plane.load().sum()), tuple(servers), replicas, bool(plane.switch.running)
+        view.placement, view.knobs, plane.balancedness(), int(load.sum()), tuple(servers), replicas, bool(plane.switch.running),
+        loads,
     )

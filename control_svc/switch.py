@@ -11,7 +11,9 @@ The initial placement is the same path with an empty old placement.
 Prepare and commit of one change at a time run under a lock. The wait for adoption does not hold
 it (a failover must not queue behind a slow release); the drops then take the lock again and
 skip every copy the placement committed by then names, so a later change that re-adds a copy is
-never undone. Dead servers are never called.
+never undone. Dead servers are never called. A change that cannot be prepared (a server fails to
+load, or the placement names unknown or dead servers) raises MeshError ABORTED and the old
+placement stays committed.
 """
 from __future__ import annotations
 
@@ -20,44 +22,30 @@ import dataclasses
 import logging
 from typing import Callable, Mapping, Protocol
 
+import grpc
+
 from control_svc.board import PlacementBoard, PlacementView
-from control_svc.knobs import RoutingKnobs
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo
+from control_svc.placement import placement_diff
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.placement import LayerExperts, Placement
+from moemesh.errors import MeshError
 
 log = logging.getLogger(__name__)
 
-LayerExperts = dict[int, tuple[int, ...]]
-
 
 class ExpertServerOps(Protocol):
+    """The calls the control plane makes on expert servers (`GrpcExpertOps`; fakes in tests)."""
+
     async def load(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
     async def drop(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
-
-
-def placement_diff(old: Placement, new: Placement) -> tuple[dict[str, LayerExperts], dict[str, LayerExperts]]:
-    """(to_load, to_drop): server -> layer -> experts new gives it that old did not, and the reverse."""
-
-    def minus(a: Placement, b: Placement) -> dict[str, LayerExperts]:
-        out: dict[str, LayerExperts] = {}
-        for server in a.servers():
-            held_b = b.experts_on(server)
-            for layer, experts in a.experts_on(server).items():
-                extra = tuple(e for e in experts if e not in held_b.get(layer, ()))
-                if extra:
-                    out.setdefault(server, {})[layer] = extra
-        return out
-
-    return minus(new, old), minus(old, new)
-
-
-class SwitchError(RuntimeError):
-    """A placement change could not be prepared; the old placement stays committed."""
+    async def ping(self, server: ServerInfo, timeout_s: float) -> None: ...
+    async def forget(self, server_id: str) -> None: ...
 
 
 # build(current view) -> (placement, knobs) to switch to, or None for no change; its version is
 # set by the switch (current + 1)
-Build = Callable[[PlacementView], "tuple[Placement, RoutingKnobs] | None"]
+Build = Callable[[PlacementView], "tuple[Placement, MoeKnobs] | None"]
 
 
 class PlacementSwitch:
@@ -80,7 +68,7 @@ class PlacementSwitch:
         self._lock = asyncio.Lock()  # one prepare + commit at a time
         self.running = 0  # changes between prepare and the end of release
 
-    async def switch(self, new: Placement, knobs: RoutingKnobs | None = None) -> None:
+    async def switch(self, new: Placement, knobs: MoeKnobs | None = None) -> None:
         """Switch to `new` exactly (its version must exceed the committed one); knobs default to the current ones."""
         await self.switch_with(lambda view: (new, knobs if knobs is not None else view.knobs), renumber=False)
 
@@ -97,19 +85,19 @@ class PlacementSwitch:
                 new, knobs = built
                 if renumber:
                     new = dataclasses.replace(new, version=current.placement.version + 1)
-                to_load, to_drop = placement_diff(current.placement, new)
+                diff = placement_diff(current.placement, new)
                 known = self.servers()
                 missing = sorted(set(new.servers()) - set(known))
                 if missing:
-                    raise SwitchError(f"placement v{new.version} names unknown servers {missing}")
+                    raise MeshError(grpc.StatusCode.ABORTED, f"placement v{new.version} names unknown servers {missing}")
                 dead = sorted(s for s in new.servers() if known[s].state == "dead")
                 if dead:
-                    raise SwitchError(f"placement v{new.version} names dead servers {dead}")
-                await self.prepare(to_load, known, new.version)
+                    raise MeshError(grpc.StatusCode.ABORTED, f"placement v{new.version} names dead servers {dead}")
+                await self.prepare(diff.loads, known, new.version)
                 view = PlacementView(new, tuple(known[s] for s in new.servers()), knobs)
                 await self.board.publish(view)
                 log.info("placement v%d committed over %d servers (%s)", new.version, len(new.servers()), knobs.describe())
-            await self.release(to_drop, new.version)
+            await self.release(diff.drops, new.version)
             return view
         finally:
             self.running -= 1
@@ -119,7 +107,7 @@ class PlacementSwitch:
         try:
             await asyncio.wait_for(asyncio.gather(*calls), self.prepare_timeout_s)
         except Exception as e:
-            raise SwitchError(f"prepare of placement v{version} failed: {e}") from e
+            raise MeshError(grpc.StatusCode.ABORTED, f"prepare of placement v{version} failed: {e}") from e
 
     async def wait_adopted(self, version: int, timeout_s: float) -> bool:
         """Until every live attention replica runs `version` or later (True), or `timeout_s` passed."""

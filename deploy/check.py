@@ -9,15 +9,16 @@ the test extra) or else the first on PATH.
 `violations(objs)` returns one line per broken rule (empty = all good):
 
 - every long-running container (Deployments) has gRPC startup, readiness and liveness probes on
-  its own gRPC port;
+  its own gRPC port, or on its plaintext health port when the service has one (`health_port`:
+  with TLS, as the kubelet's gRPC probes speak plaintext only); the HTTP gateway HTTP probes on its `http` port, readiness on `/health`;
 - every container (init containers and Jobs included) requests and limits cpu and memory; a GPU
   (`nvidia.com/gpu`) limit equals its request; a container told to compute on `cuda` has one;
 - every container runs as non-root with a read-only root filesystem, no privilege escalation,
   all capabilities dropped, never privileged;
 - Deployment selectors match their pod labels; every Service, PodDisruptionBudget and
   NetworkPolicy selects pods that exist; every autoscaler targets an existing Deployment;
-- every expert pool (Deployment with component=expert) and the attention Deployment have their
-  own PodDisruptionBudget and HorizontalPodAutoscaler;
+- every expert pool (Deployment with component=expert), the attention and the gateway Deployments
+  have their own PodDisruptionBudget and HorizontalPodAutoscaler;
 - every `MOEMESH_<SERVICE>_<FIELD>` a manifest sets (env or an envFrom ConfigMap) names a field
   the service's config dataclass accepts (`moemesh serve` derives the same names), with a value
   that field can read (a `*_DEVICE` value is `cpu`, `cuda` or `cuda:N`);
@@ -31,7 +32,12 @@ the test extra) or else the first on PATH.
   (clusterIP None, so the name resolves to every ready pod) with that port, and it re-resolves
   (`discovery_interval_s` > 0);
 - the expert pools start at least the expert servers the control plane waits for;
-- the model volume is a PersistentVolumeClaim mounted read-only.
+- the model volume is a PersistentVolumeClaim mounted read-only (by every service but the gateway,
+  which reads no model);
+- each internal gRPC port admits exactly the components that call it (the public router reaches
+  neither the control plane nor the expert servers); every service reads the mesh token (and its
+  TLS files) from a mounted Secret, never runs with `insecure_no_auth`, and TLS is on for all
+  services or none (`rules_security.py`).
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ from deploy.rules_config import (
     check_attention_discovery, check_drain, check_env_keys, check_expected_servers, check_expert_registration, check_ports,
 )
 from deploy.rules_pods import check_model_volume, check_pools, check_probes, check_resources, check_security, check_selectors
+from deploy.rules_security import check_credentials, check_network_policies
 
 __all__ = ["RULES", "violations", "render", "kubectl_path", "main", "effective_env", "load_config_classes", "service_of"]
 
@@ -60,7 +67,7 @@ RENDER_TIMEOUT_S = 120
 RULES: tuple[Callable[..., list[str]], ...] = (
     check_probes, check_resources, check_security, check_selectors, check_pools,
     check_env_keys, check_ports, check_drain, check_expert_registration, check_expected_servers, check_model_volume,
-    check_attention_discovery,
+    check_attention_discovery, check_network_policies, check_credentials,
 )
 
 

@@ -11,14 +11,17 @@ SERVICE_CONFIGS = {  # service -> config dataclass, as `moemesh serve` resolves 
     "attention": "attention_svc.config:AttentionConfig",
     "expert": "expert_svc.config:ExpertServerConfig",
     "control": "control_svc.config:ControlConfig",
+    "gateway": "gateway_svc.config:GatewayConfig",
 }
 INTERNAL = ("attention", "expert", "control")
+HTTP_SERVICES = ("gateway",)  # serve HTTP (port named `http`, HTTP probes), not gRPC
+NO_MODEL = ("gateway",)  # read no model: need no model volume
 MODEL_CLAIM = "moemesh-model"
 ENV_RE = re.compile(r"^MOEMESH_([A-Z]+)_([A-Z0-9_]+)$")
 
 
 def load_config_classes() -> dict[str, type]:
-    """The four services' config classes (ImportError if one is missing)."""
+    """The services' config classes (ImportError if one is missing)."""
     import importlib
 
     out = {}
@@ -125,10 +128,19 @@ def config_value(service: str, field: str, env: dict[str, str], fields: dict[str
 
 
 def grpc_port_of(container: Obj) -> int | None:
+    return named_port_of(container, "grpc")
+
+
+def named_port_of(container: Obj, name: str) -> int | None:
     for p in container.get("ports", []):
-        if p.get("name") == "grpc":
+        if p.get("name") == name:
             return p.get("containerPort")
     return None
+
+
+def serving_port_of(container: Obj) -> int | None:
+    """The port the container's service binds: `http` for the HTTP services, `grpc` for the rest."""
+    return named_port_of(container, "http" if service_of(container) in HTTP_SERVICES else "grpc")
 
 
 # --- rules ------------------------------------------------------------------------------------

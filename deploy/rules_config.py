@@ -5,7 +5,7 @@ from typing import Any
 
 from deploy.manifest import (
     ENV_RE,
-    INTERNAL,
+    HTTP_SERVICES,
     Obj,
     config_value,
     containers_of,
@@ -15,6 +15,7 @@ from deploy.manifest import (
     pod_specs,
     selector_matches,
     service_of,
+    serving_port_of,
     template_labels_of,
     workloads_of,
 )
@@ -54,7 +55,6 @@ def check_env_keys(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> l
 
 def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list[str]:
     out = []
-    internal_ports: set[int] = set()
     metrics_ports: set[int] = set()
     for o in workloads_of(objs):
         for c in pod_specs(o)[0].get("containers", []):
@@ -66,12 +66,11 @@ def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list
                 continue
             env = effective_env(c, objs)
             port, host = config_value(service, "port", env, fields), config_value(service, "host", env, fields)
-            if port != grpc_port_of(c):
-                out.append(f"{obj_name(o)}: {service} binds port {port} but declares gRPC port {grpc_port_of(c)}")
+            if port != serving_port_of(c):
+                kind = "HTTP" if service in HTTP_SERVICES else "gRPC"
+                out.append(f"{obj_name(o)}: {service} binds port {port} but declares {kind} port {serving_port_of(c)}")
             if host != "0.0.0.0":
                 out.append(f"{obj_name(o)}: {service} binds {host!r}, unreachable from other pods")
-            if service in INTERNAL:
-                internal_ports.add(port)
             metrics = next((p.get("containerPort") for p in c.get("ports", []) if p.get("name") == "metrics"), None)
             if metrics is None and "metrics_port" in fields[service]:
                 out.append(f"{obj_name(o)}: {service} declares no metrics port (Prometheus and the autoscalers see nothing)")
@@ -91,8 +90,7 @@ def check_ports(objs: list[Obj], fields: dict[str, dict[str, Any]], **_) -> list
                     out.append(f"{obj_name(o)}: targetPort {t!r} is on none of its pods")
     policies = [o for o in objs if o.get("kind") == "NetworkPolicy"]
     admitted = {p.get("port") for o in policies for rule in o["spec"].get("ingress", []) for p in rule.get("ports", [])}
-    for port in sorted(internal_ports - admitted):
-        out.append(f"NetworkPolicy: internal port {port} is admitted by no ingress rule")
+    # who may reach each internal port: rules_security.check_network_policies
     for port in sorted(metrics_ports - admitted):
         out.append(f"NetworkPolicy: metrics port {port} is admitted by no ingress rule (Prometheus cannot scrape)")
     return out

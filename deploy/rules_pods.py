@@ -2,31 +2,63 @@
 from __future__ import annotations
 
 from deploy.manifest import (
+    HTTP_SERVICES,
     MODEL_CLAIM,
+    NO_MODEL,
     Obj,
+    config_value,
     containers_of,
+    effective_env,
     grpc_port_of,
+    named_port_of,
     obj_name,
+    service_of,
     pod_specs,
     selector_matches,
+    service_of,
     template_labels_of,
     workloads_of,
 )
 
 
-def check_probes(objs: list[Obj], **_) -> list[str]:
+def check_probes(objs: list[Obj], fields: dict | None = None, **_) -> list[str]:
     out = []
     for o in objs:
         if o.get("kind") != "Deployment":
             continue
         for c in pod_specs(o)[0].get("containers", []):
+            if service_of(c) in HTTP_SERVICES:
+                out += http_probe_violations(o, c)
+                continue
             port = grpc_port_of(c)
+            service = service_of(c)
+            if fields and service in fields and "health_port" in fields[service]:
+                health = config_value(service, "health_port", effective_env(c, objs), fields)
+                if health is not None:
+                    port = health  # the plaintext health server (TLS on the gRPC port)
+                    if not any(p.get("containerPort") == health for p in c.get("ports", [])):
+                        out.append(f"{obj_name(o)} container {c['name']}: health port {health} is not declared")
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 p = c.get(probe)
                 if not p or "grpc" not in p:
                     out.append(f"{obj_name(o)} container {c['name']}: no gRPC {probe}")
                 elif p["grpc"].get("port") != port:
                     out.append(f"{obj_name(o)} container {c['name']}: {probe} port {p['grpc'].get('port')} != gRPC port {port}")
+    return out
+
+
+def http_probe_violations(o: Obj, c: Obj) -> list[str]:
+    """An HTTP service: HTTP probes on its `http` port, readiness on /health (503 while it cannot serve)."""
+    out, port = [], named_port_of(c, "http")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        p = c.get(probe)
+        if not p or "httpGet" not in p:
+            out.append(f"{obj_name(o)} container {c['name']}: no HTTP {probe}")
+        elif p["httpGet"].get("port") not in (port, "http"):
+            out.append(f"{obj_name(o)} container {c['name']}: {probe} port {p['httpGet'].get('port')} != HTTP port {port}")
+    ready = (c.get("readinessProbe") or {}).get("httpGet") or {}
+    if ready and ready.get("path") != "/health":
+        out.append(f"{obj_name(o)} container {c['name']}: readinessProbe path {ready.get('path')!r} is not /health")
     return out
 
 
@@ -99,7 +131,7 @@ def check_pools(objs: list[Obj], **_) -> list[str]:
     pdbs = [o for o in objs if o.get("kind") == "PodDisruptionBudget"]
     hpas = [o for o in objs if o.get("kind") == "HorizontalPodAutoscaler"]
     for o in objs:
-        if o.get("kind") != "Deployment" or template_labels_of(o).get("app.kubernetes.io/component") not in ("expert", "attention"):
+        if o.get("kind") != "Deployment" or template_labels_of(o).get("app.kubernetes.io/component") not in ("expert", "attention", "gateway"):
             continue
         if not any(selector_matches(p["spec"].get("selector"), template_labels_of(o)) for p in pdbs):
             out.append(f"{obj_name(o)}: no PodDisruptionBudget")
@@ -115,6 +147,8 @@ def check_model_volume(objs: list[Obj], **_) -> list[str]:
         if o.get("kind") != "Deployment":
             continue
         spec = pod_specs(o)[0]
+        if spec.get("containers") and all(service_of(c) in NO_MODEL for c in spec["containers"]):
+            continue
         vols = {v["name"]: v for v in spec.get("volumes", [])}
         model = [n for n, v in vols.items() if (v.get("persistentVolumeClaim") or {}).get("claimName") == MODEL_CLAIM]
         if not model:

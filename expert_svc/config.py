@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernels.prepare import EXPERT_DTYPES
 from moemesh.rpc.config import RpcConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-EXPERT_DTYPES = ("bf16", "fp8", "mxfp4", "nvfp4")
 TRANSPORTS = ("grpc", "dist", "auto")
 PRELOAD = ("none", "all")
 
@@ -30,9 +30,9 @@ class ExpertServerConfig:
     dist_port: int = field(default=0, metadata={"help": "TCPStore port of the dist transport; 0 picks a free one"})
     dist_timeout_s: float = field(default=60.0, metadata={"help": "forming a dist pair group or one transfer may take this long"})
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight work gets this long"})
-    compute_threads: int = field(default=1, metadata={"help": "Forward calls computed concurrently"})
+    compute_threads: int = field(default=1, metadata={"help": "expert calls computed concurrently"})
     inline_max_elements: int = field(default=1 << 18, metadata={
-        "help": "with compute_threads 1, a Forward whose input has at most this many elements (decode-sized) "
+        "help": "with compute_threads 1, a gRPC call whose rows x hidden is at most this (decode-sized) "
                 "is computed on the event loop, saving two thread hand-offs; 0 = always on the compute pool"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads for the expert GEMMs (0 = torch's default: every core)"})
     load_window_s: float = field(default=60.0, metadata={"help": "sliding window of the per-expert token counts reported to the control plane"})
@@ -42,6 +42,7 @@ class ExpertServerConfig:
     def __post_init__(self) -> None:
         if not self.model_dir:
             raise ValueError("model_dir must name a model directory")
+        self.rpc.security.require_token()  # a service never serves open by accident
         if not (self.device == "cpu" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ValueError(f"device must be cpu or cuda:N, got {self.device!r}")
         for name in ("port", "dist_port"):

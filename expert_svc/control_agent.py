@@ -12,8 +12,10 @@ from typing import Callable
 
 import grpc
 
-from control_svc.placement.types import Placement
-from control_svc.wire import ServerInfo, control_grpc, control_pb2, placement_from_proto, server_to_proto
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.placement import Placement
+from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_to_proto
+from moemesh.errors import MeshError
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
 
@@ -57,6 +59,24 @@ class ControlAgent:
                     await self.register()
             except grpc.aio.AioRpcError as e:
                 log.warning("heartbeat to the control plane failed: %s", e.details())
+
+    async def check_drop(self, experts: dict[int, list[int]]) -> None:
+        """Before a DropExperts: MeshError FAILED_PRECONDITION when the control plane's committed
+        placement still gives this server one of `experts` (the control plane itself drops only
+        copies its placement no longer names, at release), UNAVAILABLE when it cannot be asked. So
+        a DropExperts from anyone else cannot take experts away that requests still need."""
+        try:
+            resp = await self.stub.GetPlacement(control_pb2.GetPlacementRequest(), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            raise MeshError(grpc.StatusCode.UNAVAILABLE, f"experts: cannot check the drop with the control plane: {e.details()}") from None
+        placement = placement_from_proto(resp.placement)
+        placed = placement.experts_on(self.server_id) if self.server_id else {}
+        kept = [(layer, e) for layer, es in experts.items() for e in es if e in placed.get(layer, ())]
+        if kept:
+            named = ", ".join(f"layer {layer} expert {e}" for layer, e in kept[:8])
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"experts: {named} {'is' if len(kept) == 1 else 'are'} still placed on this server by placement "
+                            f"v{placement.version}: only the control plane drops experts, once its placement no longer names them")
 
     async def drain(self) -> bool:
         """Tell the control plane we are leaving; True when it is moving our experts elsewhere."""

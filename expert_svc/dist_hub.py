@@ -1,15 +1,17 @@
 """`DistHub`: the expert server's side of the torch.distributed transport.
 
 It hosts the TCPStore clients rendezvous on and forms one link (dist_link: a gloo pair, plus an
-NCCL pair for a CUDA server) per client (the server is rank 0). Each link then has its own thread that answers the client's frames in order: receive a
-request, run the handler (the servicer's compute, with its checks), send the reply; a failed call
-answers with its gRPC status and the link goes on. The thread ends when the client sends CLOSE or
+NCCL pair for a CUDA server) per client (the server is rank 0). Each link then has its own thread
+that answers the client's frames in order: receive a request, run the handler (the shard's call,
+which checks the request), send the reply; a failed call answers with its gRPC status and the link
+goes on. The thread ends when the client sends CLOSE or
 the link breaks (the client is gone); a process exit ends it too.
 """
 from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 import threading
 import uuid
 from typing import Callable
@@ -17,8 +19,9 @@ from typing import Callable
 import grpc
 import torch
 
-from expert_svc.errors import CallFailed
-from moemesh.transport.dist_frames import CLOSE, CLOSED, FORWARD, ForwardCall, FrameError, error_reply, ok_reply, parse_request
+from moemesh.errors import MeshError
+from moemesh.transport.base import ExpertRequest
+from moemesh.transport.dist_frames import CLOSE, CLOSED, FORWARD, FrameError, error_reply, ok_reply, parse_request
 from moemesh.transport.dist_link import DistLink, LinkBroken, backend_for, host_id, open_link, start_store
 
 SERVER_RANK = 0
@@ -28,12 +31,12 @@ IDLE_WAIT = datetime.timedelta(days=30)  # a link waits this long for its client
 log = logging.getLogger(__name__)
 
 
-Handler = Callable[[ForwardCall], torch.Tensor]  # y [R, H]; raises CallFailed
+Handler = Callable[[ExpertRequest], torch.Tensor]  # y [T, H]; raises MeshError
 
 
 class DistHub:
-    def __init__(self, host: str, port: int, device: torch.device, timeout_s: float, max_bytes: int, handler: Handler | None = None):
-        """handler: computes one call (set later with `serve` when the servicer is built after the hub)."""
+    def __init__(self, host: str, port: int, device: torch.device, timeout_s: float, max_bytes: int, handler: Handler):
+        """handler: computes one call; max_bytes: the largest request frame a link accepts."""
         self.host = host
         self.device = device
         self.backend = backend_for(device)
@@ -48,15 +51,14 @@ class DistHub:
         self._lock = threading.Lock()
         self._closed = False
 
-    def serve(self, handler: Handler) -> None:
-        self.handler = handler
-
-    def open(self, client_id: str, client_host_id: str) -> str:
-        """Start forming a pair group with `client_id` and serving it; returns the link id it must join."""
+    def open(self, client_id: str, client_host_id: str) -> tuple[str, bytes]:
+        """Start forming a pair group with `client_id` and serving it; returns the link id it must
+        join and the link's secret (the client proves it knows it before the link serves)."""
         if client_host_id != self.host_id:
             raise ValueError(f"host_id {client_host_id!r} is not this server's node ({self.host_id!r}): use the grpc transport")
         link_id = f"{client_id}/{uuid.uuid4().hex[:12]}"
-        thread = threading.Thread(target=self._run_link, args=(link_id,), name=f"dist-link-{link_id}", daemon=True)
+        secret = secrets.token_bytes(32)
+        thread = threading.Thread(target=self._run_link, args=(link_id, secret), name=f"dist-link-{link_id}", daemon=True)
         with self._lock:
             if self._closed:
                 raise ValueError("the server is stopping: no new dist links")
@@ -64,19 +66,19 @@ class DistHub:
             self._ending &= set(self._threads)
             self._threads[link_id] = thread
         thread.start()
-        return link_id
+        return link_id, secret
 
     @property
     def open_links(self) -> int:
         with self._lock:
             return sum(t.is_alive() for t in self._threads.values())
 
-    def _run_link(self, link_id: str) -> None:
+    def _run_link(self, link_id: str, secret: bytes) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
         try:
-            link = open_link(self.store, link_id, SERVER_RANK, self.backend, self.host, self.device, self.timeout_s)
-        except RuntimeError as e:
+            link = open_link(self.store, link_id, SERVER_RANK, self.backend, self.host, self.device, self.timeout_s, secret)
+        except (RuntimeError, LinkBroken) as e:
             log.warning("dist link %s: the client did not join: %s", link_id, e)
             return
         try:
@@ -101,13 +103,10 @@ class DistHub:
         try:
             if words[0] != FORWARD:
                 raise FrameError(f"dist frame: kind {words[0]} is not FORWARD ({FORWARD}) or CLOSE ({CLOSE})")
-            call = parse_request(words, payload)
-            if self.handler is None:
-                raise CallFailed(grpc.StatusCode.UNAVAILABLE, "the server is not serving yet")
-            return ok_reply(self.handler(call))
+            return ok_reply(self.handler(parse_request(words, payload)))
         except FrameError as e:
             return error_reply(grpc.StatusCode.INVALID_ARGUMENT.value[0], str(e))
-        except CallFailed as e:
+        except MeshError as e:
             return error_reply(e.code.value[0], e.message)
         except Exception as e:  # noqa: BLE001 - a handler bug: answer it, keep the link
             log.exception("dist call failed")

@@ -56,10 +56,10 @@ class ShardStats:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def record(self, layer: int, expert_ids: list[int], counts: list[int], seconds: float) -> None:
-        """One computed request: counts[G] rows for expert_ids[G] of `layer`, `seconds` of compute."""
-        if expert_ids:
-            self.load.add_sparse(layer, torch.tensor(expert_ids, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64))
+    def record(self, layer: int, expert_ids: torch.Tensor, counts: torch.Tensor, seconds: float) -> None:
+        """One computed request: counts [G] int64 rows for expert_ids [G] int64 of `layer`, `seconds` of compute."""
+        if expert_ids.numel():
+            self.load.add_sparse(layer, expert_ids, counts)
         with self._lock:
             self._requests += 1
             self._busy += seconds

@@ -1,4 +1,4 @@
-"""The grouped expert MLP: the one entry point that models and expert servers call.
+"""One layer's experts as a process holds them (`ExpertWeights`), and what each expert computes.
 
 Shape legend:
   N  rows handed to the experts (token-expert assignments), grouped by expert
@@ -16,7 +16,6 @@ from torch import Tensor
 from kernels.formats import FP8BlockExperts, MXFP4Experts, NVFP4Experts
 
 ACTIVATIONS = ("silu", "swiglu_oai")
-BACKENDS = ("auto", "torch", "triton")
 QUANTIZED_TYPES = (FP8BlockExperts, MXFP4Experts, NVFP4Experts)
 
 
@@ -119,50 +118,3 @@ def apply_activation(gate_up: Tensor, activation: str) -> Tensor:
     g = g.clamp(max=7.0)
     u = u.clamp(min=-7.0, max=7.0)
     return (u + 1.0) * g * torch.sigmoid(1.702 * g)
-
-
-def triton_usable(x: Tensor) -> bool:
-    """Triton runs on CUDA tensors, or anywhere under TRITON_INTERPRET=1 (the CPU test mode)."""
-    import importlib.util
-    import os
-
-    if importlib.util.find_spec("triton") is None:
-        return False
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def grouped_expert_mlp(
-    x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights, backend: str = "auto", *, cache=None
-) -> Tensor:
-    """Run each expert's MLP on its contiguous slice of rows.
-
-    x [N, H] rows grouped by expert; expert_idx [G] int64 indices into w's E; counts [G] int64,
-    sum(counts) == N (zero counts allowed). Returns [N, H] in x.dtype (unweighted expert outputs).
-    Quantized weights are dequantized into x.dtype; accumulation is float32 or better.
-    backend: "torch" (any device), "triton" (fused dequantize-in-the-loop kernels; CUDA, or CPU under
-    TRITON_INTERPRET=1), "auto" (triton on CUDA tensors when triton is importable, else torch).
-    cache: None (default: nothing kept between calls) or a caller-owned `kernels.DequantizedWeights`,
-    an opt-in store of dequantized weights that the torch backend reads instead of dequantizing again
-    (same outputs; memory for speed). The triton backend dequantizes inside its kernels and ignores it.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    from kernels.dequantized_cache import DequantizedWeights
-
-    if cache is not None and not isinstance(cache, DequantizedWeights):
-        raise ValueError(f"cache: expected None or a DequantizedWeights, got {type(cache).__name__}")
-    if x.dim() != 2 or x.shape[1] != w.hidden_size:
-        raise ValueError(f"x: expected [N, {w.hidden_size}], got shape {tuple(x.shape)}")
-    if expert_idx.dim() != 1 or counts.shape != expert_idx.shape:
-        raise ValueError(f"counts: expected the shape of expert_idx {tuple(expert_idx.shape)}, got {tuple(counts.shape)}")
-    if backend == "auto":
-        backend = "triton" if x.is_cuda and triton_usable(x) else "torch"
-    if backend == "triton":
-        if not triton_usable(x):
-            raise ValueError("backend 'triton' needs triton and CUDA tensors (or TRITON_INTERPRET=1 on CPU)")
-        from kernels.triton.grouped_mlp import grouped_expert_mlp_triton
-
-        return grouped_expert_mlp_triton(x, expert_idx, counts, w)
-    from kernels.grouped_torch import grouped_expert_mlp_torch
-
-    return grouped_expert_mlp_torch(x, expert_idx, counts, w, cache)

@@ -1,13 +1,13 @@
-"""The torch implementation of the grouped expert MLP (any device; the CPU path).
+"""The torch implementation of the grouped expert MLP (any device): the reference path, and the CPU
+path where the compiled kernels (kernels.cpu) are absent or do not run a call.
 
 Quantized weights: only the experts that receive rows are dequantized, a chunk of them at a time
 (at most DEQUANT_BUDGET_BYTES of dense weights, small enough to stay in the CPU caches between the
 dequantization and the matmul that reads it), one projection at a time, into the compute dtype
 (x.dtype); then one grouped matmul per projection over the chunk's rows (a bmm when every expert has
 the same row count, else `torch._grouped_mm` with row offsets, or a loop for other dtypes). Nothing
-is kept between calls unless the caller passes a `DequantizedWeights` cache (opt-in: memory for
-speed), which then supplies the same dense values. Dense weights already in x.dtype, with experts in
-ascending order, are used in place over all E (no gather, no copy).
+is kept between calls. Dense weights already in x.dtype, with experts in ascending order, are used
+in place over all E (no gather, no copy).
 
 Shape legend:
   N rows grouped by expert, G experts in the call (order of expert_idx), E experts held,
@@ -20,7 +20,6 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from kernels.dequantized_cache import DequantizedWeights
 from kernels.experts import ExpertWeights, apply_activation, dequantized
 
 DEQUANT_BUDGET_BYTES = 4 * 2**20  # dense weights (gate_up + down) of the experts dequantized at once
@@ -31,10 +30,10 @@ def _matmul_grouped(x: Tensor, w_t: Tensor, counts: list[int]) -> Tensor:
     """x [n, K], w_t [g, K, M] (transposed weights), counts [g] summing to n -> [n, M].
 
     Every expert with the same row count (c > 0): one bmm; otherwise one grouped matmul with row
-    offsets (float32/bfloat16), or a loop over experts for other dtypes."""
+    offsets (float32/bfloat16 with 16-byte aligned strides), or a loop over experts otherwise."""
     if counts and counts[0] > 0 and all(c == counts[0] for c in counts):
         return torch.bmm(x.view(len(counts), counts[0], -1), w_t).reshape(x.shape[0], -1)
-    if x.dtype in GROUPED_MM_DTYPES and w_t.dtype == x.dtype:
+    if x.dtype in GROUPED_MM_DTYPES and w_t.dtype == x.dtype and _aligned16(x) and _aligned16(w_t):
         offs = torch.tensor(counts, dtype=torch.int32, device=x.device).cumsum(0, dtype=torch.int32)
         return torch._grouped_mm(x, w_t, offs=offs)
     out = x.new_empty(x.shape[0], w_t.shape[-1])
@@ -46,19 +45,18 @@ def _matmul_grouped(x: Tensor, w_t: Tensor, counts: list[int]) -> Tensor:
     return out
 
 
+def _aligned16(t: Tensor) -> bool:
+    """torch._grouped_mm needs 16-byte aligned data and non-unit strides (odd sizes fall back to the loop)."""
+    size = t.element_size()
+    return t.data_ptr() % 16 == 0 and all(s == 1 or (s * size) % 16 == 0 for s in t.stride())
+
+
 def _row_bias(bias: Tensor | None, experts: Tensor, counts: list[int], dtype: torch.dtype) -> Tensor | None:
     """bias [E, M] -> [n, M]: each row's expert bias."""
     if bias is None:
         return None
     reps = torch.tensor(counts, device=bias.device)
     return bias.index_select(0, experts.to(bias.device)).to(dtype).repeat_interleave(reps, dim=0)
-
-
-def _weights(t, dtype: torch.dtype, ids: Tensor, cache: DequantizedWeights | None) -> Tensor:
-    """The experts `ids` [g] of one projection, dense [g, rows, cols] in dtype."""
-    if cache is None:
-        return dequantized(t, dtype, ids)
-    return cache.experts(t, dtype, ids)
 
 
 def _run(x: Tensor, gate_up: Callable[[], Tensor], down: Callable[[], Tensor], experts: Tensor, counts: list[int], w: ExpertWeights) -> Tensor:
@@ -85,11 +83,8 @@ def _in_place_dense(w: ExpertWeights, dtype: torch.dtype, expert_idx: Tensor) ->
     )
 
 
-def grouped_expert_mlp_torch(
-    x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights, cache: DequantizedWeights | None = None
-) -> Tensor:
-    """x [N, H] grouped by expert; expert_idx [G]; counts [G] -> [N, H] in x.dtype.
-    cache: optional caller-owned store of dequantized weights (same values, no per-call dequantize)."""
+def grouped_expert_mlp_torch(x: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights) -> Tensor:
+    """x [N, H] grouped by expert; expert_idx [G]; counts [G] -> [N, H] in x.dtype."""
     counts_list = [int(c) for c in counts.tolist()]
     if any(c < 0 for c in counts_list) or sum(counts_list) != x.shape[0]:
         raise ValueError(f"counts: must be non-negative and sum to N={x.shape[0]}, got {counts_list}")
@@ -116,10 +111,10 @@ def grouped_expert_mlp_torch(
         n = sum(rows)
 
         def gate_up(ids=ids):
-            return _weights(w.gate_up, x.dtype, ids, cache)  # [g, 2I, H]
+            return dequantized(w.gate_up, x.dtype, ids)  # [g, 2I, H]
 
         def down(ids=ids):
-            return _weights(w.down, x.dtype, ids, cache)  # [g, H, I]
+            return dequantized(w.down, x.dtype, ids)  # [g, H, I]
 
         out[start : start + n] = _run(x[start : start + n], gate_up, down, ids, rows, w)
         start += n

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels.experts import ExpertWeights, grouped_expert_mlp
+from kernels.cpu.moe_mlp_cpu import compiled_runs, moe_mlp_cpu
+from kernels.experts import ExpertWeights
+from kernels.grouped import BACKENDS, grouped_expert_mlp
 
 
 def moe_mlp(
@@ -28,10 +30,16 @@ def moe_mlp(
     """x [T, H]; token_idx [N] int64 in [0, T); row_weight [N] float32; expert_idx [G] int64 indices into
     w's E; counts [G] int64 summing to N -> [T, H] in x.dtype.
 
-    Reference path: gather the rows, run `grouped_expert_mlp`, scale each row by its weight in float32
-    and add it to its token."""
+    backend "cpu" (or "auto" on CPU tensors where kernels.cpu.moe_mlp_cpu.compiled_runs): the compiled
+    CPU kernels, gather, both GEMMs over the weights as stored, activation and weighted combine fused.
+    Otherwise the reference path: gather the rows, run `grouped_expert_mlp` with `backend`, scale each
+    row by its weight in float32 and add it to its token."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "cpu" or (backend == "auto" and not x.is_cuda and compiled_runs(x, counts, w)):
+        return moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w)
     rows = x.index_select(0, token_idx)  # [N, H]
-    y = grouped_expert_mlp(rows, expert_idx, counts, w, backend)  # [N, H]
+    y = grouped_expert_mlp(rows, expert_idx, counts, w, "torch" if backend == "auto" and not x.is_cuda else backend)  # [N, H]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     out.index_add_(0, token_idx, y.float() * row_weight[:, None].float())
     return out.to(x.dtype)

@@ -1,8 +1,7 @@
 """`ModelConfig`: a typed, frozen view of a Hugging Face `config.json` (+ `generation_config.json`).
 
-Each architecture parses its own raw dict; the parsers are found through the architecture registry
-in `moemesh.models.registry`, so a new architecture plugs in by adding a module under
-`moemesh/models/` that exposes an `ARCHITECTURE` spec.
+Each architecture parses its own raw dict into one (with the helpers here); reading a model
+directory goes through the architecture registry: `moemesh.models.registry.load_model_config`.
 """
 from __future__ import annotations
 
@@ -81,32 +80,6 @@ class ModelConfig:
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.torch_dtype]
-
-    @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "ModelConfig":
-        model_dir = Path(model_dir)
-        if not model_dir.is_dir():
-            raise ConfigError(f"model directory {str(model_dir)!r} does not exist")
-        raw = read_json(model_dir / "config.json", required=True)
-        gen = read_json(model_dir / "generation_config.json", required=False)
-        return cls.from_dicts(raw, gen)
-
-    @classmethod
-    def from_dicts(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":
-        from moemesh.models.registry import get_architecture
-
-        archs = raw.get("architectures") or []
-        if not archs:
-            raise ConfigError("config.json has no 'architectures' entry")
-        spec = get_architecture(archs[0])
-        try:
-            return spec.parse_config(raw, generation or {})
-        except KeyError as e:
-            raise ConfigError(f"config.json for {archs[0]} lacks the field {e.args[0]!r}") from e
-        except (TypeError, ValueError) as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(f"config.json for {archs[0]} has a malformed field: {e}") from e
 
 
 def read_json(path: Path, required: bool) -> dict[str, Any]:

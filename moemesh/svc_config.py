@@ -1,10 +1,18 @@
-"""Command-line flags and environment overrides derived from a service's frozen dataclass config.
+"""Command-line flags and environment overrides derived from a frozen dataclass config.
 
 Each field `foo_bar` becomes `--foo-bar` and `MOEMESH_<SERVICE>_FOO_BAR`; the dataclass default is
 the only default. Precedence: default < environment < command line. A field whose type is itself a
-dataclass (e.g. `rpc: RpcConfig`) is flattened: its fields become flags of the service.
-Field metadata may carry "help" and "choices". Supported field types: str, int, float, bool,
-`X | None` of those (an empty string means None), and `tuple[str|int|float, ...]` (comma-separated).
+dataclass (e.g. `rpc: RpcConfig`, `engine: EngineConfig`) is flattened: its fields become flags of
+the service, under their own names.
+Field metadata may carry "help", "choices", "metavar" and "flag" (the flag's name when it is not
+the field's, e.g. "--model" for `model_dir`), "env" (a service-independent environment variable
+also read, below the service's own: `MOEMESH_MESH_TOKEN`, `MOEMESH_API_KEY`; commands read it too)
+and "secret" (no flag: a secret on a command line is visible to every local user). The metadata of a nested dataclass field may carry
+"omit" (its fields that get no flag: they keep their defaults), "defaults" (field -> the default
+this use of it has instead of the nested class's) and "flags" (field -> flag name in this use).
+Supported field types: str, int, float, bool, `X | None` of those (an empty string means None),
+and `tuple[str|int|float, ...]` (comma-separated). A required field (no default) must be given.
+Commands that are not services pass `service=None`: flags only, no environment.
 
     cfg = parse_config(ExpertServerConfig, "expert", argv)
 """
@@ -37,30 +45,51 @@ class FieldSpec:
     default: Any
     help: str
     choices: tuple | None
+    flag: str = ""  # "--name" unless the metadata names another; "" for a secret (env only)
+    metavar: str = ""
+    global_env: str = ""  # an environment variable read whatever the service
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
 
 
-def field_specs(cls: type) -> list[FieldSpec]:
-    """Flattened fields of a dataclass config (nested dataclass fields inlined)."""
+def field_specs(cls: type, omit: Sequence[str] = (), defaults: Mapping[str, Any] | None = None,
+                flags: Mapping[str, str] | None = None) -> list[FieldSpec]:
+    """Flattened fields of a dataclass config (nested dataclass fields inlined), without the `omit`
+    ones; `defaults` and `flags` replace a field's default and flag name (a nested field's metadata
+    passes its "omit", "defaults" and "flags" down)."""
     hints = typing.get_type_hints(cls)
+    defaults, flags = defaults or {}, flags or {}
+    unknown = (set(omit) | set(defaults) | set(flags)) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)} (named in omit, defaults or flags)")
     specs: list[FieldSpec] = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            for sub in field_specs(tp):
+            md = f.metadata
+            for sub in field_specs(tp, md.get("omit", ()), md.get("defaults"), md.get("flags")):
                 specs.append(dataclasses.replace(sub, path=(f.name, *sub.path)))
+            continue
+        if f.name in omit:
             continue
         kind, item, optional = classify(tp, f.name)
         default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
         if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
+        default = defaults.get(f.name, default)
         choices = f.metadata.get("choices")
-        specs.append(
-            FieldSpec((f.name,), f.name, kind, item, optional, default, f.metadata.get("help", ""), tuple(choices) if choices else None)
-        )
-    names = [s.name for s in specs]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise TypeError(f"{cls.__name__}: flattened config fields collide: {sorted(dup)}")
+        flag = "" if f.metadata.get("secret") else flags.get(f.name) or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        specs.append(FieldSpec(
+            (f.name,), f.name, kind, item, optional, default, f.metadata.get("help", ""), tuple(choices) if choices else None,
+            flag, f.metadata.get("metavar") or ("|".join(map(str, choices)) if choices else (flag or f.name).lstrip("-").replace("-", "_").upper()),
+            f.metadata.get("env", ""),
+        ))
+    for what, keys in (("fields", [s.name for s in specs]), ("flags", [s.flag for s in specs if s.flag])):
+        dup = {n for n in keys if keys.count(n) > 1}
+        if dup:
+            raise TypeError(f"{cls.__name__}: flattened config {what} collide: {sorted(dup)}")
     return specs
 
 
@@ -80,6 +109,13 @@ def classify(tp: Any, name: str) -> tuple[Any, Any, bool]:
 
 def env_name(service: str, field_name: str) -> str:
     return f"MOEMESH_{service.upper()}_{field_name.upper()}"
+
+
+def _source(spec: FieldSpec, service: str | None) -> str:
+    names = [spec.flag] if spec.flag else []
+    names += [f"env {env_name(service, spec.name)}"] if service else []
+    names += [f"env {spec.global_env}"] if spec.global_env else []
+    return " or ".join(names)
 
 
 def convert(spec: FieldSpec, text: str, source: str) -> Any:
@@ -110,49 +146,63 @@ def type_label(spec: FieldSpec) -> str:
     return spec.kind.__name__ + (" or empty" if spec.optional else "")
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, service: str) -> None:
-    """Add one flag per (flattened) field of `cls`; unset flags are absent from the namespace."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, service: str | None) -> None:
+    """Add one flag per (flattened) field of `cls`; unset flags are absent from the namespace.
+    The help names the default and, for a service, the environment variable."""
     for spec in field_specs(cls):
-        flag = "--" + spec.name.replace("_", "-")
-        shown = "required" if spec.default is dataclasses.MISSING else f"default {spec.default!r}"
+        if not spec.flag:
+            continue  # a secret: environment only
+        shown = "required" if spec.required else f"default {spec.default!r}"
         if spec.choices:
             shown = f"one of {', '.join(str(c) for c in spec.choices)}; {shown}"
-        help_text = f"{spec.help} ({shown}; env {env_name(service, spec.name)})".strip()
+        if service:
+            shown += f"; env {env_name(service, spec.name)}"
+        if spec.global_env:
+            shown += f" or {spec.global_env}"
+        help_text = f"{spec.help} ({shown})".strip()
         if spec.kind is bool:
-            parser.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(spec.flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
-            parser.add_argument(flag, dest=spec.name, type=str, default=argparse.SUPPRESS, metavar=spec.name.upper(), help=help_text)
+            parser.add_argument(spec.flag, dest=spec.name, type=str, default=argparse.SUPPRESS, metavar=spec.metavar, help=help_text)
 
 
-def from_sources(cls: type[T], service: str, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> T:
-    """Build the config: defaults, then `env` (os.environ when None), then the parsed `args`."""
+def from_sources(cls: type[T], service: str | None, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> T:
+    """Build the config: defaults, then the fields' service-independent environment variables, then
+    the service's `MOEMESH_<SERVICE>_*` ones (without a service, only the former), then the parsed
+    `args`. `env` is os.environ when None."""
     env = os.environ if env is None else env
     given = vars(args) if args is not None else {}
     values: dict[tuple[str, ...], Any] = {}
     for spec in field_specs(cls):
         value = spec.default
-        var = env_name(service, spec.name)
-        if var in env:
+        if spec.global_env and spec.global_env in env:
+            value = convert(spec, env[spec.global_env], f"env {spec.global_env}")
+        var = env_name(service, spec.name) if service else ""
+        if var and var in env:
             value = convert(spec, env[var], f"env {var}")
-        if spec.name in given:
+        if spec.name in given and spec.flag:
             raw = given[spec.name]
-            value = raw if isinstance(raw, bool) else convert(spec, raw, "--" + spec.name.replace("_", "-"))
+            value = raw if isinstance(raw, bool) else convert(spec, raw, spec.flag)
         if value is dataclasses.MISSING:
-            raise ConfigValueError(f"config field {spec.name} is required (--{spec.name.replace('_', '-')} or env {var})")
+            raise ConfigValueError(f"config field {spec.name} is required ({_source(spec, service)})")
         values[spec.path] = value
     return build(cls, values, ())
 
 
 def build(cls: type[T], values: dict[tuple[str, ...], Any], prefix: tuple[str, ...]) -> T:
+    """`cls` from the flattened values; a field without a value (omitted) keeps its default."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         path = (*prefix, f.name)
-        kwargs[f.name] = build(hints[f.name], values, path) if dataclasses.is_dataclass(hints[f.name]) else values[path]
+        if dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = build(hints[f.name], values, path)
+        elif path in values:
+            kwargs[f.name] = values[path]
     return cls(**kwargs)
 
 
-def parse_config(cls: type[T], service: str, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, prog: str | None = None) -> T:
+def parse_config(cls: type[T], service: str | None, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, prog: str | None = None) -> T:
     """Parse `argv` (sys.argv[1:] when None) into a `cls` instance; exits with usage on bad input."""
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
     add_arguments(parser, cls, service)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 
-from router_svc.errors import RequestError
+import grpc
+
+from moemesh.errors import MeshError
 
 
 class Admission:
@@ -24,8 +26,8 @@ class Admission:
     async def slot(self):
         """Holds one running slot for the body; waits in the bounded queue if all are taken."""
         if self._slots.locked() and self.queued >= self.max_queued:
-            raise RequestError(
-                "RESOURCE_EXHAUSTED",
+            raise MeshError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"request: the router is full ({self.running} running, {self.queued} queued); retry later",
             )
         self.queued += 1

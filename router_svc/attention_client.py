@@ -1,25 +1,29 @@
 """`AttentionClient`: the router's gRPC client of one attention replica (protos <-> domain).
 
-An upstream error becomes a `RequestError` with the replica's status and message, so a client sees
+An upstream error becomes a `MeshError` with the replica's status and message, so a client sees
 e.g. the replica's INVALID_ARGUMENT unchanged. Closing the `generate` stream cancels the call.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import AsyncIterator
 
 import grpc
 
+from moemesh.contracts.info import LoadReport, ModelInfo
+from moemesh.contracts.wire import load_from_proto, model_info_from_proto
+from moemesh.errors import MeshError
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
-from router_svc.errors import RequestError
-from router_svc.types import LoadReport, ModelInfo, SequenceSpec, SequenceUpdate
+from router_svc.types import SequenceSpec, SequenceUpdate
 
 pb, pb_grpc = load("attention")
 
 
-def _upstream(exc: grpc.aio.AioRpcError) -> RequestError:
-    return RequestError(exc.code().name, exc.details() or f"attention replica failed with {exc.code().name}")
+def _upstream(exc: grpc.aio.AioRpcError) -> MeshError:
+    return MeshError(exc.code(), exc.details() or f"attention replica failed with {exc.code().name}")
 
 
 def to_proto(spec: SequenceSpec):
@@ -36,6 +40,7 @@ def to_proto(spec: SequenceSpec):
         logprobs=s.logprobs,
         prompt_logprobs=s.prompt_logprobs,
         ignore_eos=s.ignore_eos,
+        top_logprobs=s.top_logprobs,
     )
 
 
@@ -45,6 +50,8 @@ def from_proto(msg) -> SequenceUpdate:
         logprobs=tuple(msg.logprobs),
         finish_reason=msg.finish_reason,
         prompt_logprobs=tuple(p.logprob if p.HasField("logprob") else None for p in msg.prompt_logprobs),
+        top_logprobs=tuple(tuple(zip(t.token_ids, t.logprobs)) for t in msg.top_logprobs),
+        cached_tokens=msg.cached_tokens if msg.HasField("cached_tokens") else None,
     )
 
 
@@ -72,26 +79,12 @@ class AttentionClient:
         return resp.found
 
     async def get_load(self, timeout: float) -> LoadReport:
-        r = await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout)
-        return LoadReport(r.waiting, r.running, r.free_blocks, r.total_blocks, r.serving, r.accepted)
+        return load_from_proto(await self.stub.GetLoad(pb.GetLoadRequest(), timeout=timeout))
 
-    async def get_info(self, timeout: float, name: str = "") -> tuple[ModelInfo, str]:
-        """The replica's model limits (named `name`, default the model directory's name) and model dir."""
-        r = await self.stub.GetReplicaInfo(pb.GetReplicaInfoRequest(), timeout=timeout, wait_for_ready=True)
-        from pathlib import Path
-
-        info = ModelInfo(
-            name=name or Path(r.model_dir).name,
-            architecture=r.architecture,
-            vocab_size=r.vocab_size,
-            max_context=r.max_context,
-            max_new_tokens_limit=r.max_new_tokens_limit,
-            eos_token_ids=tuple(r.eos_token_ids),
-            num_experts=r.num_experts,
-            experts_per_token=r.experts_per_token,
-            num_layers=r.num_layers,
-        )
-        return info, r.model_dir
+    async def get_info(self, timeout: float, name: str = "") -> ModelInfo:
+        """The replica's model limits and model directory, named `name` (default the directory's name)."""
+        info = model_info_from_proto(await self.stub.GetReplicaInfo(pb.GetReplicaInfoRequest(), timeout=timeout, wait_for_ready=True))
+        return replace(info, name=name or Path(info.model_dir).name)
 
     async def close(self) -> None:
         await self.channel.close()

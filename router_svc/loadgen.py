@@ -124,16 +124,15 @@ async def _scheduled(work: Workload, run_one) -> float:
     return time.perf_counter() - start
 
 
-async def run_grpc(address: str, work: Workload, name: str = "mesh") -> BenchResult:
+async def run_grpc(address: str, work: Workload, name: str = "mesh", api_key: str = "") -> BenchResult:
     """The workload against a router over gRPC (greedy, ignore_eos, exactly output_len tokens each)."""
-    import grpc
-
     from moemesh.rpc.config import RpcConfig
-    from router_svc.client import build_request, pb_grpc
+    from moemesh.rpc.server import make_channel
+    from moemesh.rpc.generation import build_request, pb_grpc
 
     prompts = work.prompts()
     timings: list[RequestTiming | None] = [None] * work.num_requests
-    async with grpc.aio.insecure_channel(address, options=RpcConfig().channel_options()) as channel:
+    async with make_channel(address, RpcConfig(), api_key=api_key) as channel:
         stub = pb_grpc.GenerationStub(channel)
 
         async def one(i: int) -> None:

@@ -1,7 +1,11 @@
-"""`ReplicaSet`: the attention replicas a router spreads sequences over, least loaded first.
+"""`ReplicaSet`: the attention replicas a router spreads sequences over: prefix-aware, else least loaded.
 
 A replica's load = the sequences other routers placed there (its last load report minus this
 router's own at report time) + this router's sequences on it now. Ties go round-robin.
+Prefix-aware routing (`prefix_imbalance` set): a request goes to the replica whose `PrefixIndex`
+matches most leading blocks of its prompt (it most likely holds them in its prefix cache), unless
+that replica's load exceeds the least loaded one's by more than `prefix_imbalance` sequences; with
+no match anywhere, to the least loaded. Either way the chosen replica's index records the prompt.
 Replicas whose reports fail, or that report they are draining, get no new sequences.
 `reconcile` follows discovery: new addresses join (available once their first load report arrives),
 vanished ones retire: no new sequences, their in-flight ones finish, and `sweep` closes the client
@@ -15,8 +19,12 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from router_svc.errors import RequestError
-from router_svc.types import LoadReport
+import grpc
+
+from moemesh.block_hash import BlockHash
+from moemesh.contracts.info import LoadReport
+from moemesh.errors import MeshError
+from router_svc.prefix_index import DEFAULT_CAPACITY, PrefixIndex
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +38,7 @@ class Replica:
     available: bool = True
     retired: bool = False  # gone from discovery: drains, then its client is closed
     last_report: LoadReport = field(default_factory=LoadReport)
+    prefixes: PrefixIndex = field(default_factory=PrefixIndex)  # prompts recently sent here
 
     @property
     def load(self) -> int:
@@ -39,24 +48,37 @@ class Replica:
         self.last_report = report
         self.others = max(0, report.sequences - inflight_at_request)
         self.available = report.serving
+        self.prefixes.capacity = report.total_blocks or DEFAULT_CAPACITY
 
 
 class ReplicaSet:
-    def __init__(self, replicas: list[Replica]) -> None:
+    def __init__(self, replicas: list[Replica], prefix_imbalance: int | None = None) -> None:
         if not replicas:
             raise ValueError("attention: at least one attention replica address is required")
+        if prefix_imbalance is not None and prefix_imbalance < 0:
+            raise ValueError(f"prefix_imbalance must be >= 0 (or None: prefix-aware routing off), got {prefix_imbalance}")
+        self.prefix_imbalance = prefix_imbalance
         self.replicas = replicas  # the active ones, which get new sequences
         self.retiring: list[Replica] = []  # retired, with sequences still in flight
         self._turn = itertools.count()
 
-    def pick(self, exclude: set[str] = frozenset()) -> Replica:
-        """The least-loaded available replica whose address is not in `exclude`."""
+    def pick(self, exclude: set[str] = frozenset(), prefix: list[BlockHash] | tuple[BlockHash, ...] = ()) -> Replica:
+        """The available replica (address not in `exclude`) for a prompt whose full blocks have the keys
+        `prefix`: the one holding the longest prefix of it unless too loaded (see the module), else the
+        least loaded."""
         live = [r for r in self.replicas if r.available and r.address not in exclude]
         if not live:
-            raise RequestError("UNAVAILABLE", "attention: no attention replica is available; retry later")
+            raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: no attention replica is available; retry later")
         start = next(self._turn) % len(live)
         rotated = live[start:] + live[:start]
-        return min(rotated, key=lambda r: r.load)
+        least = min(rotated, key=lambda r: r.load)
+        if self.prefix_imbalance is None or not prefix:
+            return least
+        matched = {id(r): r.prefixes.match(prefix) for r in rotated}
+        holder = max(rotated, key=lambda r: (matched[id(r)], -r.load))
+        chosen = holder if matched[id(holder)] and holder.load - least.load <= self.prefix_imbalance else least
+        chosen.prefixes.insert(prefix)
+        return chosen
 
     @contextmanager
     def track(self, replica: Replica):

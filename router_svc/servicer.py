@@ -10,14 +10,16 @@ import uuid
 import grpc
 from google.protobuf.message import DecodeError
 
+from moemesh.contracts.info import ModelInfo
+from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
-from router_svc.errors import RequestError, invalid
+from moemesh.rpc.security import caller_identity
 from router_svc.router import Router
-from router_svc.types import ChatTurn, Delta, GenerationInput, ModelInfo, SamplingSpec
+from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec, ToolCallSpec, ToolSpec
 from router_svc.utf8 import find_bad_utf8
 
-pb, pb_grpc = load("generation")
 SERVICE_NAME = "moemesh.v1.Generation"
+pb, pb_grpc = load("generation")
 
 
 def parse_request(raw: bytes):
@@ -49,27 +51,51 @@ def to_input(req) -> GenerationInput:
         logprobs=req.logprobs,
         prompt_logprobs=req.prompt_logprobs,
         ignore_eos=req.ignore_eos,
+        top_logprobs=req.top_logprobs,
     )
     return GenerationInput(
         request_id=req.request_id or uuid.uuid4().hex,
         model=req.model,
         prompt=req.prompt if which == "prompt" else None,
         prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
-        messages=tuple(ChatTurn(m.role, m.content) for m in req.messages.messages) if which == "messages" else None,
+        messages=tuple(to_turn(m) for m in req.messages.messages) if which == "messages" else None,
         sampling=sampling,
         stop=tuple(req.stop),
+        tools=tuple(ToolSpec(t.name, t.description, t.parameters) for t in req.tools),
+        chat_template_kwargs=tuple(sorted(req.chat_template_kwargs.items())),
+        fill_context=req.fill_context,
+        continue_final_message=req.continue_final_message,
+    )
+
+
+def to_turn(m) -> ChatTurn:
+    return ChatTurn(
+        role=m.role, content=m.content, tool_calls=tuple(ToolCallSpec(c.id, c.name, c.arguments) for c in m.tool_calls),
+        tool_call_id=m.tool_call_id, name=m.name, reasoning_content=m.reasoning_content,
     )
 
 
 def to_response(request_id: str, item):
     if isinstance(item, Delta):
-        return pb.GenerateResponse(request_id=request_id, text=item.text, token_ids=item.token_ids, logprobs=item.logprobs)
+        msg = pb.GenerateResponse(
+            request_id=request_id, text=item.text, token_ids=item.token_ids, logprobs=item.logprobs, tokens=item.tokens,
+            top_logprobs=[
+                pb.TopLogprobs(candidates=[pb.TokenLogprob(token_id=c.token_id, token=c.token, logprob=c.logprob) for c in top])
+                for top in item.top_logprobs
+            ],
+        )
+        if item.prompt_tokens is not None:
+            msg.usage.CopyFrom(pb.Usage(prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens,
+                                        cached_tokens=item.cached_tokens))
+        return msg
     return pb.GenerateResponse(
         request_id=request_id,
         finish_reason=item.finish_reason,
-        usage=pb.Usage(prompt_tokens=len(item.prompt_token_ids), completion_tokens=item.completion_tokens),
+        usage=pb.Usage(prompt_tokens=len(item.prompt_token_ids), completion_tokens=item.completion_tokens,
+                       cached_tokens=item.cached_tokens),
         prompt_token_ids=item.prompt_token_ids,
         prompt_logprobs=[pb.PromptLogprob(logprob=lp) for lp in item.prompt_logprobs],
+        stop_string=item.stop_string,
     )
 
 
@@ -95,24 +121,30 @@ class GenerationServicer:
     async def Generate(self, raw: bytes, context: grpc.aio.ServicerContext):
         try:
             inp = to_input(parse_request(raw))
-            async for item in self.router.generate(inp, timeout=context.time_remaining()):
+            async for item in self.router.generate(inp, timeout=context.time_remaining(), caller=caller_identity(context)):
                 yield to_response(inp.request_id, item)
-        except RequestError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
 
     async def Abort(self, request, context: grpc.aio.ServicerContext):
         try:
-            found = await self.router.abort(request.request_id)
-        except RequestError as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
+            found = await self.router.abort(request.request_id, caller=caller_identity(context))
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
         return pb.AbortResponse(found=found)
 
     async def GetModelInfo(self, request, context: grpc.aio.ServicerContext):
         return info_to_proto(self.router.info)
 
+    async def CountTokens(self, raw: bytes, context: grpc.aio.ServicerContext):
+        try:
+            return pb.TokenCount(prompt_tokens=self.router.count_tokens(to_input(parse_request(raw))))
+        except MeshError as exc:
+            await context.abort(exc.code, exc.message)
+
 
 def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
-    """Like the generated `add_GenerationServicer_to_server`, but Generate receives raw bytes."""
+    """Like the generated `add_GenerationServicer_to_server`, but Generate and CountTokens receive raw bytes."""
     handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
             servicer.Generate,
@@ -123,6 +155,11 @@ def add_to_server(servicer: GenerationServicer, server: grpc.aio.Server) -> None
             servicer.Abort,
             request_deserializer=pb.AbortRequest.FromString,
             response_serializer=pb.AbortResponse.SerializeToString,
+        ),
+        "CountTokens": grpc.unary_unary_rpc_method_handler(
+            servicer.CountTokens,
+            request_deserializer=None,
+            response_serializer=pb.TokenCount.SerializeToString,
         ),
         "GetModelInfo": grpc.unary_unary_rpc_method_handler(
             servicer.GetModelInfo,

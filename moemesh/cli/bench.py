@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 from moemesh.cli.up import add_mesh_arguments
@@ -53,7 +54,8 @@ def bench(ns: argparse.Namespace, work) -> list:
     results = []
     model = ns.model
     if ns.addr:
-        results.append(asyncio.run(run_grpc(ns.addr, work, name=f"mesh {ns.addr}")))
+        # the router's API key, when it has one, from the environment (as `moemesh generate` reads it)
+        results.append(asyncio.run(run_grpc(ns.addr, work, name=f"mesh {ns.addr}", api_key=os.environ.get("MOEMESH_API_KEY", ""))))
     else:
         spec = mesh_spec(ns)
         model = spec.model_dir
@@ -61,7 +63,7 @@ def bench(ns: argparse.Namespace, work) -> list:
         try:
             router, _ = mesh.start()
             print(f"moemesh bench: mesh up (router={router}, {spec.expert_servers} expert servers, {spec.transport})", file=sys.stderr)
-            results.append(asyncio.run(run_grpc(router, work, name=f"mesh/{spec.transport}")))
+            results.append(asyncio.run(run_grpc(router, work, name=f"mesh/{spec.transport}", api_key=os.environ.get("MOEMESH_API_KEY", ""))))
         finally:
             mesh.stop()
     if ns.compare_engine:

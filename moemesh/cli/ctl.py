@@ -8,7 +8,10 @@ CONTROL is the address `moemesh up` prints as `control=HOST:PORT`. Commands:
     set [--top-k K] [--capacity-factor C] [--layer L]
                                    change routing knobs live (a new placement version carries them)
     drain SERVER_ID                move a server's experts away so it can leave
+    undrain SERVER_ID              a draining server serves again (and gets experts back)
 
+The control plane requires the mesh token (`--mesh-token-file FILE` or `MOEMESH_MESH_TOKEN`;
+`moemesh up` says where its token file is) and, when it serves mTLS, `--tls-cert/--tls-key/--tls-ca`.
 Each prints a table, or with `--json` the response as one JSON object (proto field names).
 """
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from moemesh.cli.client_args import ControlClientArgs, add_client_arguments, client_args
 
 TIMEOUT_S = 300.0  # a switch loads experts from the checkpoint: allow it time
 
@@ -25,6 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--addr", required=True, metavar="HOST:PORT", help="the control plane (moemesh up prints control=HOST:PORT)")
     p.add_argument("--json", action="store_true", help="print the response as JSON")
     p.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="S", help="give up on the call after S seconds")
+    add_client_arguments(p, ControlClientArgs)
     sub = p.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
     json_flag = argparse.ArgumentParser(add_help=False)
     json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the response as JSON")
@@ -38,6 +44,8 @@ def register(subparsers) -> None:
     s.add_argument("--layer", type=int, default=None, metavar="L", help="one MoE layer (default: all)")
     d = sub.add_parser("drain", parents=[json_flag], help="move a server's experts away so it can leave")
     d.add_argument("server_id", metavar="SERVER_ID", help="e.g. expert-1 (see status)")
+    u = sub.add_parser("undrain", parents=[json_flag], help="a draining server serves again and gets experts back")
+    u.add_argument("server_id", metavar="SERVER_ID", help="e.g. expert-1 (see status)")
     p.set_defaults(func=run)
 
 
@@ -45,12 +53,19 @@ def run(ns: argparse.Namespace) -> int:
     import grpc
     from google.protobuf.json_format import MessageToDict
 
-    from control_svc.wire import control_grpc, control_pb2
+    from moemesh.contracts.wire import control_grpc, control_pb2
+    from moemesh.rpc.server import make_sync_channel
 
     if ns.ctl_command == "set" and ns.top_k is None and ns.capacity_factor is None:
         print("moemesh ctl set: error: give --top-k and/or --capacity-factor", file=sys.stderr)
         return 2
-    with grpc.insecure_channel(ns.addr) as channel:
+    try:
+        rpc = client_args(ControlClientArgs, ns).rpc()
+        channel = make_sync_channel(ns.addr, rpc)
+    except ValueError as e:
+        print(f"moemesh ctl {ns.ctl_command}: error: {e}", file=sys.stderr)
+        return 2
+    with channel:
         stub = control_grpc.ControlServiceStub(channel)
         try:
             resp = call(stub, control_pb2, ns)
@@ -75,11 +90,13 @@ def call(stub, pb, ns: argparse.Namespace):
     if ns.ctl_command == "set":
         req = pb.SetKnobsRequest(top_k=ns.top_k, capacity_factor=ns.capacity_factor, layer=ns.layer)
         return stub.SetKnobs(req, timeout=t)
+    if ns.ctl_command == "undrain":
+        return stub.Undrain(pb.UndrainRequest(id=ns.server_id), timeout=t)
     return stub.Drain(pb.DrainRequest(id=ns.server_id), timeout=t)
 
 
 def render(command: str, resp) -> str:
-    from control_svc.wire import STATE_NAMES, knobs_from_proto, placement_from_proto
+    from moemesh.contracts.wire import STATE_NAMES, knobs_from_proto, placement_from_proto
 
     if command == "status":
         lines = [
@@ -111,6 +128,8 @@ def render(command: str, resp) -> str:
         return f"{head}\nbalancedness {resp.balancedness_before:.3f} -> {resp.balancedness_after:.3f}, {resp.moves} expert copies moved"
     if command == "set":
         return f"placement v{resp.placement_version} carries knobs: {knobs_from_proto(resp.knobs).describe()}"
+    if command == "undrain":
+        return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'placed on it again' if resp.placing else 'not placed (nothing to place, or no placement yet)'}"
     return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'moving away' if resp.moving else 'not moved (none held, or no room elsewhere)'}"
 
 

@@ -54,11 +54,14 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def ask(router: str, question: str, max_new_tokens: int) -> None:
-    import grpc
+    import os
 
-    from router_svc.client import build_request, pb_grpc
+    from moemesh.rpc.config import RpcConfig
+    from moemesh.rpc.server import make_sync_channel
+    from moemesh.rpc.generation import build_request, pb_grpc
 
-    with grpc.insecure_channel(router) as channel:
+    # the mesh's router asks for the API key its children inherited (MOEMESH_API_KEY), if any
+    with make_sync_channel(router, RpcConfig(), api_key=os.environ.get("MOEMESH_API_KEY", "")) as channel:
         stub = pb_grpc.GenerationStub(channel)
         req = build_request(messages=[("user", question)], max_new_tokens=max_new_tokens, temperature=0.0)
         for resp in stub.Generate(req, timeout=600):

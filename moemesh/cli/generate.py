@@ -2,56 +2,68 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
-from moemesh.cli.prompt_args import add_prompt_and_sampling_args
+from moemesh.cli.client_args import RouterClientArgs, add_client_arguments, client_args
+from moemesh.cli.prompt_args import PromptArgs
+from moemesh.svc_config import add_arguments, from_sources
+
+PROMPT_FIELDS = {f.name for f in dataclasses.fields(PromptArgs)}
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate through a running mesh's router (gRPC client)")
     p.add_argument("--addr", required=True, metavar="HOST:PORT", help="the router's address")
-    add_prompt_and_sampling_args(p)
+    add_arguments(p, PromptArgs, None)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--model", default="", help="model name to ask for (default: whatever the mesh serves)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline for the whole request")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_client_arguments(p, RouterClientArgs)
     p.set_defaults(func=run)
+
+
+def prompt_args(ns: argparse.Namespace) -> PromptArgs:
+    """The prompt and sampling flags of a parsed `generate` (or `run`) command line."""
+    return from_sources(PromptArgs, None, argparse.Namespace(**{k: v for k, v in vars(ns).items() if k in PROMPT_FIELDS}))
 
 
 def run(ns: argparse.Namespace) -> int:
     import grpc
 
-    from moemesh.cli.run import parse_prompt_ids
-
     try:
-        ids = parse_prompt_ids(ns.prompt_ids) if ns.prompt_ids is not None else None
+        args = prompt_args(ns)
+        client = client_args(RouterClientArgs, ns)
     except ValueError as e:
         print(f"moemesh generate: error: {e}", file=sys.stderr)
         return 2
     try:
-        return generate(ns, ids)
+        return generate(ns, args, client)
+    except ValueError as e:  # e.g. --addr is not host:port
+        print(f"moemesh generate: error: {e}", file=sys.stderr)
+        return 2
     except grpc.RpcError as e:
         print(f"moemesh generate: error: {e.code().name}: {e.details()}", file=sys.stderr)
         return 1
 
 
-def generate(ns: argparse.Namespace, prompt_ids) -> int:
-    import grpc
+def generate(ns: argparse.Namespace, args: PromptArgs, client: RouterClientArgs) -> int:
+    from moemesh.rpc.server import make_sync_channel
+    from moemesh.rpc.generation import Completion, build_request, pb, pb_grpc
 
-    from moemesh.rpc.config import RpcConfig
-    from router_svc.client import Completion, build_request, pb, pb_grpc
-
-    with grpc.insecure_channel(ns.addr, options=RpcConfig().channel_options()) as channel:
+    with make_sync_channel(ns.addr, client.rpc(), api_key=client.api_key) as channel:
         stub = pb_grpc.GenerationStub(channel)
-        prompt = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else {"prompt": ns.prompt}
-        if prompt_ids is None and not ns.raw_prompt:
+        ids = args.token_ids
+        prompt = {"prompt_token_ids": ids} if ids is not None else {"prompt": args.prompt}
+        if ids is None and not args.raw_prompt:
             info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=ns.timeout or 30)
             if info.has_chat_template:
-                prompt = {"messages": [("user", ns.prompt)]}
+                prompt = {"messages": [("user", args.prompt)]}
         req = build_request(
-            **prompt, max_new_tokens=ns.max_new_tokens, temperature=ns.temperature, top_p=ns.top_p,
-            top_k=ns.top_k, seed=ns.seed, stop=ns.stop, logprobs=ns.json, prompt_logprobs=ns.json, model=ns.model,
+            **prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+            top_k=args.top_k, seed=args.seed, stop=ns.stop, logprobs=ns.json, prompt_logprobs=ns.json, model=ns.model,
         )
         done = Completion()
         for resp in stub.Generate(req, timeout=ns.timeout):

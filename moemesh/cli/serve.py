@@ -1,8 +1,9 @@
-"""`moemesh serve router|attention|expert|control [flags]`: run one service of the mesh.
+"""`moemesh serve router|attention|expert|control|gateway [flags]`: run one service of the mesh.
 
 Each service's flags (and `MOEMESH_<SERVICE>_*` env overrides) derive from its frozen config
-dataclass through `moemesh.svc_config`. Each service module's `run(cfg, stop)` serves until `stop`
-is set (SIGTERM/SIGINT), then drains; it prints `moemesh <service>_svc: serving HOST:PORT` once up.
+dataclass through `moemesh.svc_config`. Every service is put together the same way: `x_svc.config`
+holds its config class, `x_svc.server.run(cfg, stop)` serves until `stop` is set (SIGTERM/SIGINT),
+then drains; it prints `moemesh x_svc: serving HOST:PORT` once up (as `python -m x_svc` does).
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import sys
 SERVICES = {
     "router": ("router_svc.config:RouterConfig", "router_svc.server:run"),
     "attention": ("attention_svc.config:AttentionConfig", "attention_svc.server:run"),
-    "expert": ("expert_svc.config:ExpertServerConfig", "expert_svc.serve:run"),
-    "control": ("control_svc.config:ControlConfig", "control_svc.serve:run"),
+    "expert": ("expert_svc.config:ExpertServerConfig", "expert_svc.server:run"),
+    "control": ("control_svc.config:ControlConfig", "control_svc.server:run"),
+    "gateway": ("gateway_svc.config:GatewayConfig", "gateway_svc.server:run"),
 }
 
 
@@ -27,7 +29,7 @@ def resolve(spec: str):
 def register(subparsers) -> None:
     from moemesh.svc_config import add_arguments
 
-    p = subparsers.add_parser("serve", help="run one service of the mesh (router, attention, expert, control)")
+    p = subparsers.add_parser("serve", help="run one service of the mesh (router, attention, expert, control, gateway)")
     services = p.add_subparsers(dest="service", required=True, metavar="SERVICE")
     for name, (config_spec, run_spec) in SERVICES.items():
         try:
@@ -48,10 +50,8 @@ def unavailable(name: str, err: Exception) -> int:
 
 
 def run(ns: argparse.Namespace, name: str, cls, run_spec: str) -> int:
-    """Serves until SIGTERM/SIGINT, drains, then ends the process (exit_process); returns 2 on a bad config."""
-    import logging
-
-    from moemesh.rpc.server import exit_process, run_service
+    """Serves until SIGTERM/SIGINT, drains, then ends the process (serve_process); returns 2 on a bad config."""
+    from moemesh.rpc.server import serve_process
     from moemesh.svc_config import from_sources
 
     fields = argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("command", "service", "func")})
@@ -60,7 +60,5 @@ def run(ns: argparse.Namespace, name: str, cls, run_spec: str) -> int:
     except ValueError as e:
         print(f"moemesh serve {name}: error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     runner = resolve(run_spec)
-    run_service(lambda stop: runner(cfg, stop))
-    exit_process(0)
+    serve_process(lambda stop: runner(cfg, stop))

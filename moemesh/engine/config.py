@@ -1,10 +1,11 @@
 """`EngineConfig`: everything that shapes one in-process engine, with its defaults written once."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from kernels.prepare import EXPERT_DTYPES
 from moemesh.engine.device import check_device
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
@@ -12,33 +13,34 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """model_dir: Hugging Face model directory.
-    dtype: compute dtype; "auto" = the checkpoint's dtype.
-    experts_dtype: expert weight format (see kernels.prepare.EXPERT_DTYPES); None = as stored.
-    block_size: tokens per KV cache block. kv_cache_tokens: KV cache capacity in tokens (all sequences).
-    max_num_seqs / max_num_batched_tokens: per-step batch bounds. max_model_len: None = the model's.
-    micro_batches: 1, or 2 to interleave two micro-batches layer by layer (ping-pong with remote experts).
-    moe_top_k / capacity_factor: initial MoE knobs (None = the model's top-k; 0 = dropless).
-    num_threads: torch intra-op threads (None = leave torch's default).
-    pack_experts: also hold a oneDNN-packed copy of the experts for steps that route every token to
-    every expert (CPU: bfloat16, or float32 with >= 2 threads); None = when it takes at most a quarter
-    of the memory available at load (see moe.local_experts.pack_by_default).
-    device: where weights, KV cache and step tensors live: "cpu", "cuda" (the current CUDA device) or "cuda:N"."""
+    """One in-process engine: the model, its dtypes, the KV cache and batch bounds, MoE knobs, threads, device.
 
-    model_dir: str
-    dtype: str = "auto"
-    experts_dtype: str | None = None
-    block_size: int = 16
-    kv_cache_tokens: int = 8192
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
-    max_model_len: int | None = None
-    micro_batches: int = 1
-    moe_top_k: int | None = None
-    capacity_factor: float = 0.0
-    num_threads: int | None = 1
-    pack_experts: bool | None = None
-    device: str = "cpu"
+    Services that run an engine nest it (`AttentionConfig.engine`), and `moemesh run` builds it from
+    its flags: `moemesh.svc_config` turns these fields into flags and environment overrides."""
+
+    model_dir: str = field(metadata={"help": "Hugging Face model directory", "metavar": "DIR"})
+    dtype: str = field(default="auto", metadata={"help": "compute dtype; auto = the checkpoint's", "choices": DTYPE_CHOICES})
+    experts_dtype: str | None = field(default=None, metadata={"help": "expert weight format; unset = as stored", "choices": EXPERT_DTYPES})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
+    kv_cache_tokens: int = field(default=8192, metadata={"help": "KV cache capacity in tokens (all sequences)"})
+    max_num_seqs: int = field(default=64, metadata={"help": "sequences per step"})
+    max_num_batched_tokens: int = field(default=4096, metadata={"help": "tokens per step: the decodes first, then prompt chunks in what they leave (a longer prompt runs over several steps)"})
+    max_model_len: int | None = field(default=None, metadata={"help": "context length; unset = the model's"})
+    micro_batches: int = field(default=1, metadata={
+        "help": "1, or 2 to interleave two micro-batches layer by layer (ping-pong: attention of one while the other is "
+                "at the experts; pays when expert servers have cores of their own)", "choices": (1, 2)})
+    moe_top_k: int | None = field(default=None, metadata={"help": "experts per token; unset = the model's", "metavar": "K"})
+    capacity_factor: float = field(default=0.0, metadata={
+        "help": "experts' capacity: >0 capped at k*cf*tokens/E rows, 0 dropless, <0 dropless up to |cf|", "metavar": "CF"})
+    num_threads: int | None = field(default=1, metadata={"help": "torch intra-op threads; unset = torch's default", "metavar": "N"})
+    pack_experts: bool | None = field(default=None, metadata={
+        "help": "also hold a oneDNN-packed copy of the experts for steps that route every token to every expert (CPU: "
+                "bfloat16, or float32 with >= 2 threads); unset = when the model's own top-k is its number of experts and "
+                "the copy takes at most a quarter of the memory available at load (moe.layer_experts.pack_by_default)"})
+    device: str = field(default="cpu", metadata={"help": "where weights, KV cache and steps live: cpu, cuda (the current CUDA device) or cuda:N"})
+    prefix_cache: bool = field(default=True, metadata={
+        "help": "keep computed full KV blocks keyed by their token prefix and reuse them for later requests that start "
+                "with the same tokens (automatic prefix caching)"})
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -46,6 +48,8 @@ class EngineConfig:
         for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.experts_dtype is not None and self.experts_dtype not in EXPERT_DTYPES:
+            raise ValueError(f"experts_dtype must be one of {EXPERT_DTYPES} (or unset), got {self.experts_dtype!r}")
         if self.micro_batches not in (1, 2):
             raise ValueError(f"micro_batches must be 1 or 2, got {self.micro_batches}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -1,4 +1,4 @@
-"""Paged KV cache: fixed-size blocks of token slots, handed out by a free-list allocator.
+"""Paged KV cache: fixed-size blocks of token slots per layer, handed out by a `BlockPool`.
 
 Shape legend: NBLK blocks, BS block size, KVH key/value heads, D head dim.
 """
@@ -7,38 +7,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-class BlockAllocator:
-    """Hands out block ids in [0, num_blocks); `num_free` is observable for admission and tests."""
-
-    def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise ValueError(f"cannot allocate {n} blocks, {len(self._free)} free")
-        return [self._free.pop() for _ in range(n)]
-
-    def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+from moemesh.engine.block_pool import BlockPool
 
 
 class KVCache:
-    """Per layer k, v [NBLK, BS, KVH, D] plus the allocator of their blocks."""
+    """Per layer k, v [NBLK, BS, KVH, D] plus the pool of their blocks (`prefix_caching`: keep
+    computed full blocks for later requests with the same prefix)."""
 
     def __init__(
         self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-        device: torch.device | str = "cpu",
+        device: torch.device | str = "cpu", prefix_caching: bool = True,
     ):
         self.block_size = block_size
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockPool(num_blocks, caching=prefix_caching)
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.layers: list[tuple[Tensor, Tensor]] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))

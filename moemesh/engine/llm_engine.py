@@ -1,6 +1,8 @@
 """`LLMEngine`: continuous-batching generation over one model in this process.
 
-One step = schedule -> run the model (optionally as two interleaved micro-batches) -> sample and update.
+One step = schedule (decodes, then prompt chunks, within the token budget; see scheduler.py) -> run
+the model (optionally as two interleaved micro-batches) -> commit the chunks (prefix cache keys) ->
+sample for the requests whose chunk ended their prompt (or that decoded) and update.
 
 Thread safety: every public method takes one lock, so `add_request`, `abort`, `set_moe_knobs` and
 `has_unfinished` may be called from any thread (e.g. an asyncio loop) while another thread runs
@@ -21,13 +23,13 @@ from moemesh.engine.device import DeviceReader, on_device, select_device
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.outputs import GenerationResult, StepOutput
 from moemesh.engine.request import Request
-from moemesh.engine.sampler import prompt_logprobs, sample
+from moemesh.engine.sampler import sample, target_logprobs, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
-from moemesh.engine.scheduler import ScheduledBatch, Scheduler
+from moemesh.engine.scheduler import SchedulerStats, ScheduledChunk, Scheduler
 from moemesh.models.batch import BatchMeta, SeqSlice
-from moemesh.models.registry import get_architecture
+from moemesh.models.registry import get_architecture, load_model_config
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.moe.local_experts import LocalExperts
 
 
@@ -37,7 +39,7 @@ class LLMEngine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device = select_device(config.device)  # the current CUDA device is set before any allocation
-        self.model_config = ModelConfig.from_model_dir(config.model_dir)
+        self.model_config = load_model_config(config.model_dir)
         cfg = self.model_config
         reader = CheckpointReader(config.model_dir)
         self.dtype = config.compute_dtype(cfg.dtype)
@@ -54,7 +56,13 @@ class LLMEngine:
         self.max_model_len = min(cfg.max_position_embeddings, config.max_model_len or cfg.max_position_embeddings)
         kv_tokens = min(config.kv_cache_tokens, config.max_num_seqs * self.max_model_len)
         num_blocks = -(-kv_tokens // config.block_size)
-        self.kv = KVCache(cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+        # A model holding per-sequence state beside the KV cache (recurrent layers) sets
+        # `supports_prefix_cache = False`: its cache hits would skip the state the skipped tokens make.
+        self.prefix_caching = config.prefix_cache and getattr(self.model, "supports_prefix_cache", True)
+        self.kv = KVCache(
+            cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
+            prefix_caching=self.prefix_caching,
+        )
         self.scheduler = Scheduler(self.kv.allocator, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
         self.knobs = MoeKnobs(top_k=config.moe_top_k, capacity_factor=config.capacity_factor)
         self._lock = threading.RLock()
@@ -74,10 +82,6 @@ class LLMEngine:
                 f"prompt_token_ids: token {media[0]} is an image/video placeholder of {self.model_config.architecture}; "
                 "this server runs its language model only and takes no image or video input"
             )
-        if len(ids) > self.config.max_num_batched_tokens:
-            raise ValueError(
-                f"prompt_token_ids: prompt of {len(ids)} tokens exceeds max_num_batched_tokens ({self.config.max_num_batched_tokens})"
-            )
         total_blocks = self.kv.allocator.num_blocks
         if self.kv.blocks_for(len(ids) + params.max_new_tokens) > total_blocks:
             raise ValueError(
@@ -94,7 +98,7 @@ class LLMEngine:
                 gen.seed()
             else:
                 gen.manual_seed(params.seed)
-        req = Request(request_id, ids, params, gen, frozenset(stop), prompt_logprobs_pending=params.prompt_logprobs)
+        req = Request(request_id, ids, params, gen, frozenset(stop), prompt_logprobs=[None] if params.prompt_logprobs else None)
         with self._lock:
             if self.scheduler.find(request_id) is not None:
                 raise ValueError(f"request_id {request_id!r} is already in use")
@@ -127,7 +131,13 @@ class LLMEngine:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks a new sequence can get (free, or cached and held by no sequence)."""
         return self.kv.allocator.num_free
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """The scheduler's counters since start: prefix cache lookups and hits, preemptions (read only)."""
+        return self.scheduler.stats
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -136,20 +146,30 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if batch.empty:
                 return outputs
-            reqs = [*batch.decodes, *batch.prefills]
-            slices = [self._slice(r, decode=True) for r in batch.decodes]
-            slices += [self._slice(r, decode=False) for r in batch.prefills]
-            logits = self._run(slices)  # one [rows, V] tensor per request
-            last = torch.stack([l[-1] for l in logits])  # [B, V]
+            logits = self._run([self._slice(c) for c in batch.chunks])  # one [rows, V] tensor per chunk
+            done: list[tuple[Request, torch.Tensor]] = []
+            for chunk, rows in zip(batch.chunks, logits):
+                if chunk.request.prompt_logprobs_pending:
+                    add_prompt_logprobs(chunk.request, chunk.start, rows)
+                self.scheduler.commit(chunk)
+                if chunk.completes:
+                    done.append((chunk.request, rows[-1]))
+            if not done:  # only prompt chunks that do not end their prompt
+                return outputs
+            reqs = [r for r, _ in done]
+            last = torch.stack([row for _, row in done])  # [B, V]
             tokens, lps = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
-            for req, rows, tok, lp in zip(reqs, logits, tokens, lps):
-                outputs.append(self._update(req, rows, tok, lp))
+            tops = top_logprobs(last, [r.params.top_logprobs for r in reqs])
+            for req, tok, lp, top in zip(reqs, tokens, lps, tops):
+                outputs.append(self._update(req, tok, lp, top))
             return outputs
 
-    def _slice(self, req: Request, decode: bool) -> SeqSlice:
-        if decode:
-            return SeqSlice([req.all_token_ids[-1]], req.num_tokens - 1, req.block_table)
-        return SeqSlice(req.all_token_ids, 0, req.block_table, all_logits=req.prompt_logprobs_pending)
+    def _slice(self, chunk: ScheduledChunk) -> SeqSlice:
+        req = chunk.request
+        logits = "last" if chunk.completes else "none"
+        if req.prompt_logprobs_pending and chunk.start < len(req.prompt_token_ids) - 1:
+            logits = "all"
+        return SeqSlice(chunk.token_ids, chunk.start, req.block_table, logits=logits)
 
     def _run(self, slices: list[SeqSlice]) -> list[torch.Tensor]:
         """Runs the model; returns each slice's logits rows [n, V] (float32)."""
@@ -164,12 +184,11 @@ class LLMEngine:
                 by_slice[id(s)] = logits[first : first + n]
         return [by_slice[id(s)] for s in slices]
 
-    def _update(self, req: Request, rows: torch.Tensor, token: int, logprob: float) -> StepOutput:
+    def _update(self, req: Request, token: int, logprob: float, top: list[tuple[int, float]] | None = None) -> StepOutput:
+        first = not req.output_token_ids
         plp = None
         if req.prompt_logprobs_pending:
-            plp = prompt_logprobs(rows[: len(req.prompt_token_ids)], req.prompt_token_ids)
-            req.prompt_logprobs_pending = False
-        req.num_cached = req.num_tokens
+            plp, req.prompt_logprobs = req.prompt_logprobs, None
         req.output_token_ids.append(token)
         req.logprobs.append(logprob)
         if token in req.stop_ids:
@@ -178,7 +197,10 @@ class LLMEngine:
             req.finish_reason = "length"
         if req.finish_reason is not None:
             self.scheduler.remove(req)
-        return StepOutput(req.request_id, token, logprob, req.finish_reason is not None, req.finish_reason, plp)
+        return StepOutput(
+            req.request_id, token, logprob, req.finish_reason is not None, req.finish_reason, plp,
+            cached_tokens=req.cached_tokens if first else None, top_logprobs=top,
+        )
 
     # ---- convenience ----------------------------------------------------------------------------
     def generate(
@@ -189,7 +211,7 @@ class LLMEngine:
         if len(plist) != len(prompts):
             raise ValueError(f"params: got {len(plist)} SamplingParams for {len(prompts)} prompts")
         ids = [f"generate-{uuid.uuid4().hex}" for _ in prompts]
-        state = {rid: {"tokens": [], "logprobs": [], "prompt_logprobs": None, "reason": None} for rid in ids}
+        state = {rid: {"tokens": [], "logprobs": [], "prompt_logprobs": None, "reason": None, "cached": 0} for rid in ids}
         added: list[str] = []
         try:
             for rid, prompt, p in zip(ids, prompts, plist):
@@ -212,11 +234,13 @@ class LLMEngine:
                     s["logprobs"].append(out.logprob)
                 if out.prompt_logprobs is not None:
                     s["prompt_logprobs"] = out.prompt_logprobs
+                if out.cached_tokens is not None:
+                    s["cached"] = out.cached_tokens
                 if out.finished:
                     s["reason"] = out.finish_reason
                     remaining.discard(out.request_id)
         return [
-            GenerationResult(rid, list(p), s["tokens"], s["logprobs"], s["reason"], s["prompt_logprobs"])
+            GenerationResult(rid, list(p), s["tokens"], s["logprobs"], s["reason"], s["prompt_logprobs"], s["cached"])
             for rid, p, s in ((rid, p, state[rid]) for rid, p in zip(ids, prompts))
         ]
 
@@ -233,6 +257,17 @@ def build_model(
         model = get_architecture(cfg.architecture).model_class(cfg, reader, dtype)
         experts = expert_compute or LocalExperts.from_checkpoint(reader, cfg, dtype, experts_dtype, pack_experts)
     return model, experts
+
+
+def add_prompt_logprobs(req: Request, start: int, rows: torch.Tensor) -> None:
+    """rows [n, V]: the logits of positions start.. of a chunk of `req`'s prompt -> the log-probabilities
+    of the prompt tokens they predict, stored by position in req.prompt_logprobs (a chunk computed
+    again after a preemption overwrites its earlier values)."""
+    prompt = req.prompt_token_ids
+    m = min(rows.shape[0], len(prompt) - 1 - start)  # rows whose next token is still in the prompt
+    del req.prompt_logprobs[start + 1 :]
+    if m > 0:
+        req.prompt_logprobs += target_logprobs(rows[:m], prompt[start + 1 : start + 1 + m])
 
 
 def split_micro_batches(slices: list[SeqSlice], n: int) -> list[list[SeqSlice]]:

@@ -5,14 +5,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moemesh.block_hash import BlockHash
 from moemesh.engine.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     """Mutable per-request state owned by the engine (never shared across threads unguarded).
 
-    num_cached: tokens whose keys/values are in this request's blocks."""
+    num_computed: tokens whose keys/values are in this request's blocks (from the prefix cache or
+    computed by its steps); the tokens after them run in the next steps, in chunks.
+    block_hashes: keys of the first full blocks of `all_token_ids` (extended as needed; tokens are
+    only appended, so they stay valid across preemption).
+    num_registered: blocks of `block_table` already keyed in the prefix cache (or found there).
+    cached_tokens: prompt tokens served from the prefix cache when the request first ran (None before).
+    prompt_logprobs: when asked for and not yet sent: [None, lp(p1|p0), ...] computed so far."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -22,8 +29,11 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
-    num_cached: int = 0
-    prompt_logprobs_pending: bool = False
+    num_computed: int = 0
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_registered: int = 0
+    cached_tokens: int | None = None
+    prompt_logprobs: list[float | None] | None = None
     finish_reason: str | None = None
 
     @property
@@ -33,3 +43,7 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def prompt_logprobs_pending(self) -> bool:
+        return self.prompt_logprobs is not None

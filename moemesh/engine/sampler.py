@@ -43,8 +43,19 @@ def sample(
     return tokens.tolist(), chosen.tolist()
 
 
-def prompt_logprobs(logits: Tensor, prompt: Sequence[int]) -> list[float | None]:
-    """logits [P, V] (one row per prompt position) -> [None, lp(p1|p0), ..., lp(p_{P-1}|...)]."""
-    lp = torch.log_softmax(logits[:-1], dim=-1)  # [P-1, V]
-    targets = torch.tensor(list(prompt[1:]), dtype=torch.long)
-    return [None, *lp.gather(1, targets[:, None])[:, 0].tolist()]
+def top_logprobs(logits: Tensor, ks: Sequence[int]) -> list[list[tuple[int, float]] | None]:
+    """logits [B, V] float32 -> per row its ks[b] most likely (token id, log-probability) pairs, most
+    likely first, under the unmodified distribution (None where ks[b] is 0)."""
+    k_max = max(ks, default=0)
+    if k_max <= 0:
+        return [None] * len(ks)
+    values, ids = torch.topk(torch.log_softmax(logits, dim=-1), min(k_max, logits.shape[-1]), dim=-1)  # [B, k_max]
+    values, ids = values.tolist(), ids.tolist()
+    return [list(zip(ids[b][:k], values[b][:k])) if k > 0 else None for b, k in enumerate(ks)]
+
+
+def target_logprobs(logits: Tensor, targets: Sequence[int]) -> list[float]:
+    """logits [M, V], targets [M] -> log p(targets[i]) under row i, for each i."""
+    lp = torch.log_softmax(logits, dim=-1)  # [M, V]
+    idx = torch.tensor(list(targets), dtype=torch.long)
+    return lp.gather(1, idx[:, None])[:, 0].tolist()

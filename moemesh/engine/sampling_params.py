@@ -9,7 +9,8 @@ class SamplingParams:
     """temperature 0 = greedy; top_k 0 = off; top_p 1 = off; seed None = nondeterministic.
     Generation stops at max_new_tokens, or at a token in stop_token_ids or (unless ignore_eos) the
     model's EOS ids; the stop token is included in the output. prompt_logprobs: also report the
-    log-probability of each prompt token given the tokens before it."""
+    log-probability of each prompt token given the tokens before it. top_logprobs: also report the
+    k most likely tokens (and their log-probabilities) at each generated position."""
 
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -19,6 +20,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     prompt_logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -29,6 +31,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0 (0 = none), got {self.top_logprobs}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

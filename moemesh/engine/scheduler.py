@@ -1,39 +1,93 @@
-"""Continuous batching: each step runs one decode token for every running request plus as many
-waiting prompts (whole prefills) as the free KV blocks and the token budget allow.
+"""Continuous batching with chunked prefill and a prefix cache.
 
-When a running request needs a new block and none is free, the most recently admitted request is
-preempted: its blocks are freed and it goes back to the head of the queue, to be recomputed (its
-generated tokens are kept and re-prefilled with the prompt).
+Each step gets a token budget (`max_num_batched_tokens`) and fills it in this order:
+  1. decodes: every running request with one token left to compute (its last sampled token); they
+     always run (at most `max_num_seqs` of them), so a step with more decodes than the budget runs
+     them all and no prompt chunk;
+  2. prompt chunks of running requests whose prompt is not all computed yet (earlier chunks ran),
+     up to what the decodes left of the budget;
+  3. waiting requests, first come first served, while fewer than `max_num_seqs` run: each first
+     takes the longest prefix of its full blocks found in the prefix cache (those tokens are not
+     computed again; at least the last token always is, for its logits), then a chunk of what is
+     left, up to the remaining budget.
+A prompt longer than the budget thus runs over several steps while the decodes keep flowing.
+
+A request gets blocks for the tokens it runs in the step. When none are left, the most recently
+admitted running request is preempted: it drops its block references (blocks another request
+shares stay in use; its own computed full blocks stay in the prefix cache) and goes back to the
+head of the queue, to be recomputed (prompt and generated tokens, cache hits included). No
+waiting request is admitted in a step that preempted.
+
+After the model ran, `commit` advances each request by its chunk and keys its newly full blocks in
+the prefix cache.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 
-from moemesh.engine.kv_cache import BlockAllocator
+from moemesh.block_hash import extend_hashes
+from moemesh.engine.block_pool import BlockPool
 from moemesh.engine.request import Request
 
 
 @dataclass(frozen=True)
-class ScheduledBatch:
-    """decodes: running requests that run their last token; prefills: requests (re)computed from scratch."""
+class ScheduledChunk:
+    """One request's tokens in a step: positions [start, start + num_tokens) of its `all_token_ids`."""
 
-    decodes: tuple[Request, ...]
-    prefills: tuple[Request, ...]
+    request: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.all_token_ids[self.start : self.start + self.num_tokens]
+
+    @property
+    def completes(self) -> bool:
+        """True when the chunk runs the request's last token: the step samples its next token."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """chunks: decodes first (one token each), then prompt chunks; preempted: requests sent back to the queue."""
+
+    chunks: tuple[ScheduledChunk, ...]
+    preempted: tuple[Request, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not self.decodes and not self.prefills
+        return not self.chunks
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since start: prompt tokens looked up in the prefix cache (`prefix_queries`) and found
+    there (`prefix_hits`); requests preempted (`preemptions`)."""
+
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, block_size: int, max_num_seqs: int, max_num_batched_tokens: int):
-        self.allocator = allocator
+    def __init__(self, pool: BlockPool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.pool = pool
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # in admission order: the last is preempted first
+        self.stats = SchedulerStats()
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -48,46 +102,108 @@ class Scheduler:
         return None
 
     def remove(self, req: Request) -> None:
-        """Drop a finished or aborted request and free its blocks."""
+        """Drop a finished or aborted request and release its blocks."""
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         self._release(req)
 
-    def _release(self, req: Request) -> None:
-        self.allocator.free(req.block_table)
-        req.block_table = []
-        req.num_cached = 0
-
-    def _blocks_needed(self, req: Request) -> int:
-        return -(-req.num_tokens // self.block_size) - len(req.block_table)
-
+    # ---- one step ---------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
-        decodes: list[Request] = []
-        for req in list(self.running):
-            if req not in self.running:  # preempted below while making room
+        budget = self.max_num_batched_tokens
+        scheduled: dict[Request, ScheduledChunk] = {}
+        preempted: list[Request] = []
+        decodes = [(r, 1) for r in self.running if r.num_tokens - r.num_computed == 1]
+        chunks = [(r, None) for r in self.running if r.num_tokens - r.num_computed > 1]
+        for req, n in decodes + chunks:
+            if req not in self.running:  # preempted while making room for an earlier one
                 continue
-            while self._blocks_needed(req) > self.allocator.num_free:
+            n = n or min(req.num_tokens - req.num_computed, budget)  # a chunk gets what the budget has left
+            if n <= 0:
+                break
+            while self._new_blocks(req, n) > self.pool.num_free:
                 victim = self.running[-1]
-                self.running.remove(victim)
-                self._release(victim)
-                self.waiting.appendleft(victim)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim in scheduled:  # scheduled earlier in this step: give its tokens back
+                    budget += scheduled.pop(victim).num_tokens
                 if victim is req:
                     break
-            if req in self.running:
-                req.block_table += self.allocator.allocate(self._blocks_needed(req))
-                decodes.append(req)
-        budget = self.max_num_batched_tokens - len(decodes)
-        prefills: list[Request] = []
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
-            need = self._blocks_needed(req)
-            if req.num_tokens > budget or need > self.allocator.num_free:
+            if req not in self.running:
+                continue
+            req.block_table += self.pool.allocate(self._new_blocks(req, n))
+            scheduled[req] = ScheduledChunk(req, req.num_computed, n)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            chunk = self._admit(self.waiting[0], budget)
+            if chunk is None:
                 break
-            self.waiting.popleft()
-            req.block_table += self.allocator.allocate(need)
-            budget -= req.num_tokens
-            self.running.append(req)
-            prefills.append(req)
-        return ScheduledBatch(tuple(decodes), tuple(prefills))
+            self.running.append(self.waiting.popleft())
+            scheduled[chunk.request] = chunk
+            budget -= chunk.num_tokens
+        ordered = [scheduled[r] for r in self.running if r in scheduled]
+        ordered.sort(key=lambda c: c.num_tokens > 1 or c.start == 0)  # decodes first (stable)
+        return ScheduledBatch(tuple(ordered), tuple(preempted))
+
+    def commit(self, chunk: ScheduledChunk) -> None:
+        """After the step ran `chunk`: its tokens are computed; full blocks get their prefix-cache keys."""
+        req = chunk.request
+        if chunk.start != req.num_computed:
+            raise ValueError(f"chunk of {req.request_id!r} starts at {chunk.start}, the request is at {req.num_computed}")
+        req.num_computed += chunk.num_tokens
+        full = req.num_computed // self.block_size
+        if not self.pool.caching or full <= req.num_registered:
+            return
+        extend_hashes(req.block_hashes, req.all_token_ids, self.block_size, limit=full)
+        for i in range(req.num_registered, full):
+            self.pool.register(req.block_table[i], req.block_hashes[i])
+        req.num_registered = full
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _admit(self, req: Request, budget: int) -> ScheduledChunk | None:
+        """Takes `req`'s cache hits and blocks for its first chunk; None (nothing taken) when they do not fit."""
+        hits = self._lookup(req)
+        start = len(hits) * self.block_size
+        n = min(req.num_tokens - start, budget)
+        new = -(-(start + n) // self.block_size) - len(hits)
+        revived = sum(1 for b in hits if self.pool.ref_count(b) == 0)  # cached blocks that stop being evictable
+        if new > self.pool.num_free - revived:
+            return None
+        self.pool.acquire(hits)
+        req.block_table = hits + self.pool.allocate(new)
+        req.num_computed = start
+        req.num_registered = len(hits)
+        if self._uses_cache(req):
+            self.stats.prefix_queries += req.num_tokens
+            self.stats.prefix_hits += start
+        if req.cached_tokens is None:
+            req.cached_tokens = start
+        return ScheduledChunk(req, start, n)
+
+    def _uses_cache(self, req: Request) -> bool:
+        """Requests asking for prompt logprobs compute every prompt position (no lookup); they still
+        leave their blocks in the cache for others."""
+        return self.pool.caching and not req.prompt_logprobs_pending
+
+    def _lookup(self, req: Request) -> list[int]:
+        if not self._uses_cache(req):
+            return []
+        limit = (req.num_tokens - 1) // self.block_size  # the last token is always computed
+        hashes = extend_hashes(req.block_hashes, req.all_token_ids, self.block_size, limit=limit)
+        return self.pool.lookup(hashes[:limit])
+
+    def _new_blocks(self, req: Request, n: int) -> int:
+        return -(-(req.num_computed + n) // self.block_size) - len(req.block_table)
+
+    def _preempt(self, req: Request) -> None:
+        self.stats.preemptions += 1
+        self.running.remove(req)
+        self._release(req)
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        self.pool.release(req.block_table)
+        req.block_table = []
+        req.num_computed = 0
+        req.num_registered = 0

@@ -2,7 +2,8 @@
 
 Each child runs in its own session (so its whole process group can be signalled) and asks the
 kernel to SIGKILL it if the launcher dies (PR_SET_PDEATHSIG), so even a killed launcher leaves no
-orphans. Output goes to a log file whose tail is shown when the child fails.
+orphans. Output goes to a log file (appended to: a restarted child follows its predecessor) whose
+tail is shown when the child fails.
 
 The death signal is set by a tiny exec wrapper (`_PDEATHSIG_WRAPPER`), not by a `preexec_fn`: a
 `preexec_fn` makes Python fork() the launcher, which runs gRPC core's fork handlers in a process
@@ -43,7 +44,7 @@ class Child:
         self.name = name
         self.argv = argv
         self.log_path = log_path
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "ab")  # a restarted child appends to its predecessor's log
         self.proc = subprocess.Popen(
             with_parent_death_signal(argv),
             stdin=subprocess.DEVNULL,

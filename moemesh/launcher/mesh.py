@@ -1,20 +1,36 @@
 """`Mesh`: the whole mesh on this machine as child processes.
 
-    start: control -> expert servers -> attention replicas -> router, each healthy before the next
-    watch: until asked to stop or a child exits on its own
-    stop:  SIGTERM all (router first, so streams drain), then SIGKILL what is left
+    start:     control -> expert servers -> attention replicas -> router (-> HTTP gateway), each
+               healthy before the next
+    supervise: until asked to stop; a child that exits is started again on its port (backoff),
+               and rejoins (an expert server registers again and gets experts, an attention replica
+               registers and the router finds it at its address); one that keeps failing past
+               `RestartPolicy` is reported failed while the rest go on serving
+    stop:      SIGTERM all (router first, so streams drain), then SIGKILL what is left
+
+The mesh token: the one the environment gives (`MOEMESH_MESH_TOKEN`), else a new random one, is
+written to `mesh-token` in the log directory (mode 0600) and every child gets that file's path
+(`--mesh-token-file`), never the token itself on its command line. `moemesh ctl` takes the same file.
+The API key (`MeshSpec.api_key`) guards both public doors, the router's gRPC API and the gateway's
+HTTP APIs; children get it as MOEMESH_API_KEY in their environment.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.security import SecurityConfig
 
 from moemesh.launcher.child import Child, stop_all
-from moemesh.launcher.health import ChildExited, wait_serving
+from moemesh.launcher.health import ChildExited, wait_http_ok, wait_serving
 from moemesh.launcher.ports import free_port
 
 
@@ -30,6 +46,14 @@ class MeshSpec:
     start_timeout_s: float = 300.0
     grace_s: float = 10.0
     attention_threads: int = 0  # 0 = this machine's cores split evenly over the compute processes
+    http_port: int | None = None  # the HTTP gateway's; None = no gateway, 0 = any free port
+    prefix_cache: bool = True  # attention replicas reuse cached prompt prefixes
+    max_num_batched_tokens: int = 0  # attention replicas' token budget per step; 0 = their default
+    api_key: str = ""  # the router's and the gateway's API key (empty = the environment's MOEMESH_API_KEY, or none)
+    tls_cert: str | None = None  # with tls_key and tls_ca: every service serves mTLS with them
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
 
     def threads_per_process(self) -> int:
         """torch threads for each expert server and attention replica: every process on this machine
@@ -46,6 +70,46 @@ class MeshSpec:
             raise ValueError(f"transport must be grpc, dist or auto, got {self.transport!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
+        if self.max_num_batched_tokens < 0:
+            raise ValueError(f"max_num_batched_tokens must be >= 0 (0 = the replicas' default), got {self.max_num_batched_tokens}")
+        self.tls()  # validates the certificate files
+
+    def tls(self) -> SecurityConfig:
+        return SecurityConfig(tls_cert=self.tls_cert, tls_key=self.tls_key, tls_ca=self.tls_ca, tls_server_name=self.tls_server_name)
+
+
+def write_token_file(directory: Path, token: str | None = None) -> Path:
+    """`directory`/mesh-token holding `token` (a new random one when None), readable by its owner only."""
+    path = directory / "mesh-token"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write((token or secrets.token_urlsafe(32)) + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How `Mesh.supervise` restarts a child that exited: after `backoff_initial_s`, doubling per
+    exit within `window_s` up to `backoff_max_s`; more than `max_restarts` exits within `window_s`
+    and the service is failed (not restarted again; the rest of the mesh keeps running)."""
+
+    max_restarts: int = 5
+    window_s: float = 300.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+
+    def delay(self, recent_exits: int) -> float:
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** max(0, recent_exits - 1))
+
+
+@dataclass
+class _Restarts:
+    exits: list[float] = field(default_factory=list)  # monotonic times of its exits
+    due: float | None = None  # when it is started again (None: running)
+    failed: bool = False
 
 
 class MeshFailed(RuntimeError):
@@ -53,10 +117,15 @@ class MeshFailed(RuntimeError):
 
 
 def serve_argv(service: str, flags: dict[str, object]) -> list[str]:
+    """The command line of `moemesh serve SERVICE` with `flags` (None or "" = left out; a bool is
+    `--name` / `--no-name`)."""
     argv = [sys.executable, "-m", "moemesh.cli.main", "serve", service]
     for name, value in flags.items():
-        if value is not None and value != "":
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value is not None and value != "":
+            argv += [f"--{flag}", str(value)]
     return argv
 
 
@@ -69,12 +138,29 @@ class Mesh:
         self.addresses: dict[str, str] = {}  # child name -> its gRPC address
         self.router_addr = ""
         self.control_addr = ""
+        self.http_addr = ""  # the gateway's HOST:PORT when spec.http_port is set
+        self.token_file = write_token_file(self.log_dir, os.environ.get("MOEMESH_MESH_TOKEN") or None)
+        tls = spec.tls()
+        # what every child is started with, and how the launcher itself calls them
+        self.rpc = RpcConfig(security=SecurityConfig(mesh_token_file=str(self.token_file), tls_cert=tls.tls_cert, tls_key=tls.tls_key,
+                                                     tls_ca=tls.tls_ca, tls_server_name=tls.tls_server_name))
+        self.security_flags = {"mesh_token_file": str(self.token_file), "tls_cert": tls.tls_cert, "tls_key": tls.tls_key,
+                               "tls_ca": tls.tls_ca, "tls_server_name": tls.tls_server_name}
+        # children read secrets from the environment, not their command line: the token from its file,
+        # the API key as MOEMESH_API_KEY
+        self.env = {k: v for k, v in os.environ.items() if k != "MOEMESH_MESH_TOKEN"}
+        if spec.api_key:
+            self.env["MOEMESH_API_KEY"] = spec.api_key
+        self._argv: dict[str, list[str]] = {}  # child name -> its command line (a restart reuses it, port included)
+        self._restarts: dict[str, _Restarts] = {}
 
     def _spawn(self, name: str, service: str, flags: dict[str, object]) -> str:
         s = self.spec
         port = flags.pop("port", None) or free_port(s.host)
         address = f"{s.host}:{port}"
-        child = Child(name, serve_argv(service, {"host": s.host, "port": port, **flags}), self.log_dir / f"{name}.log")
+        argv = serve_argv(service, {"host": s.host, "port": port, **flags, **self.security_flags})
+        child = Child(name, argv, self.log_dir / f"{name}.log", env=self.env)
+        self._argv[name] = argv
         self.children.append(child)
         self.addresses[name] = address
         return address
@@ -82,7 +168,7 @@ class Mesh:
     def _wait(self, addresses: list[str]) -> None:
         for child, address in zip(self.children[-len(addresses):], addresses):
             try:
-                wait_serving(address, self.spec.start_timeout_s, alive=lambda c=child: c.poll() is None)
+                wait_serving(address, self.spec.start_timeout_s, alive=lambda c=child: c.poll() is None, rpc=self.rpc)
             except (ChildExited, TimeoutError) as exc:
                 raise MeshFailed(f"{child.name} did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
 
@@ -105,6 +191,9 @@ class Mesh:
                 self._spawn(f"attention-{i}", "attention", {
                     "model_dir": s.model_dir, "control_addr": self.control_addr, "transport": s.transport,
                     "num_threads": s.attention_threads or s.threads_per_process(),
+                    "max_num_batched_tokens": s.max_num_batched_tokens or None,
+                    # the replicas cache prefixes by default: the flag is passed only to turn it off
+                    "prefix_cache": None if s.prefix_cache else False,
                 })
                 for i in range(s.attention_replicas)
             ]
@@ -113,22 +202,62 @@ class Mesh:
                 "port": s.port or None, "attention": ",".join(attention), "model_dir": s.model_dir,
             })
             self._wait([self.router_addr])
+            if s.http_port is not None:
+                self._start_gateway()
         except BaseException:
             self.stop()
             raise
         return self.router_addr, self.control_addr
 
-    def exited(self) -> Child | None:
-        """The first child that has exited, if any."""
-        return next((c for c in self.children if c.poll() is not None), None)
+    def _start_gateway(self) -> None:
+        """The HTTP gateway in front of the router; waits until its /health answers 200. The API key
+        travels in the environment (MOEMESH_API_KEY), like every secret, not on the command line."""
+        s = self.spec
+        port = s.http_port or free_port(s.host)
+        flags = {"host": s.host, "port": port, "router": self.router_addr, "control": self.control_addr, **self.security_flags}
+        argv = serve_argv("gateway", flags)
+        child = Child("gateway", argv, self.log_dir / "gateway.log", env=self.env)
+        self._argv["gateway"] = argv
+        self.children.append(child)
+        self.http_addr = f"{s.host}:{port}"
+        self.addresses["gateway"] = self.http_addr
+        try:
+            wait_http_ok(f"http://{self.http_addr}/health", s.start_timeout_s, alive=lambda: child.poll() is None)
+        except (ChildExited, TimeoutError) as exc:
+            raise MeshFailed(f"gateway did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
 
-    def watch(self, stop: threading.Event, poll_s: float = 0.2) -> Child | None:
-        """Blocks until `stop` is set (returns None) or a child exits (returns it)."""
+    def supervise(self, stop: threading.Event, policy: RestartPolicy = RestartPolicy(), poll_s: float = 0.2,
+                  report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[str]:
+        """Until `stop` is set: restart every child that exits (same command line and port, after
+        the policy's backoff), report each exit, restart and failure with `report`. Returns the
+        names of the services that failed for good."""
         while not stop.wait(poll_s):
-            dead = self.exited()
-            if dead is not None:
-                return dead
-        return None
+            self.restart_exited(policy, report, time.monotonic())
+        return sorted(name for name, r in self._restarts.items() if r.failed)
+
+    def restart_exited(self, policy: RestartPolicy, report: Callable[[str], None], now: float) -> None:
+        """One supervision pass: schedule the children that exited, start those that are due."""
+        for i, child in enumerate(self.children):
+            r = self._restarts.setdefault(child.name, _Restarts())
+            if r.failed:
+                continue
+            if r.due is None:
+                code = child.poll()
+                if code is None:
+                    continue
+                r.exits = [t for t in r.exits if now - t < policy.window_s] + [now]
+                if len(r.exits) > policy.max_restarts:
+                    r.failed = True
+                    report(f"moemesh up: error: {child.name} exited with {code} {len(r.exits)} times within {policy.window_s:.0f}s: "
+                           f"not restarting it; the rest of the mesh keeps running. Last log lines:\n{child.log_tail()}")
+                    continue
+                r.due = now + policy.delay(len(r.exits))
+                report(f"moemesh up: {child.name} exited with {code}; restarting it in {r.due - now:.1f}s")
+            elif now >= r.due:
+                child.close()
+                self.children[i] = Child(child.name, self._argv[child.name], child.log_path, env=self.env)
+                r.due = None
+                report(f"moemesh up: restarted {child.name} (pid {self.children[i].pid})")
 
     def stop(self) -> None:
         """Router first (its streams drain), then the rest; no child outlives this call."""

@@ -1,7 +1,7 @@
 """Grouped-query attention over a paged KV cache.
 
 Shape legend: T tokens, H hidden, NH query heads, KVH key/value heads, D head dim, B decoding
-sequences, NB blocks per decoding sequence, BS block size, S = NB*BS cached positions, n prefill length.
+sequences, NB blocks per decoding sequence, BS block size, S = NB*BS cached positions, n chunk length.
 KV cache of one layer: k, v [num_blocks, BS, KVH, D].
 """
 from __future__ import annotations
@@ -88,20 +88,29 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
         qq = q[:b].reshape(b, kvh, nh // kvh, d)  # [B, KVH, NH/KVH, D]
         mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
         decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)  # [B, KVH, NH/KVH, D]
-        if not meta.prefills:
+        if not meta.chunks:
             return decoded.reshape(b, nh, d)
     out = torch.empty(t, nh, d, dtype=q.dtype)  # [T, NH, D]
     if decoded is not None:
         out[:b] = decoded.reshape(b, nh, d)
-    for start, n in meta.prefills:
-        qq = q[start : start + n].transpose(0, 1)  # [NH, n, D]
-        kk = k[start : start + n].transpose(0, 1)  # [KVH, n, D]
-        vv = v[start : start + n].transpose(0, 1)  # [KVH, n, D]
-        if meta.sliding_window is None or n <= meta.sliding_window:
-            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)  # [NH, n, D]
+    for c in meta.chunks:
+        qq = q[c.start : c.start + c.length].transpose(0, 1)  # [NH, n, D]
+        if c.start_pos > 0:  # after cached positions: attend over the sequence's blocks (this chunk's included)
+            kk = k_cache.index_select(0, c.block_table).view(-1, kvh, d).transpose(0, 1)  # [KVH, S, D]
+            vv = v_cache.index_select(0, c.block_table).view(-1, kvh, d).transpose(0, 1)  # [KVH, S, D]
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=c.mask, enable_gqa=True)  # [NH, n, D]
         else:
-            i = torch.arange(n)
-            mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - meta.sliding_window)  # [n, n]
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
-        out[start : start + n] = o.transpose(0, 1)
+            o = own_causal_attention(qq, k[c.start : c.start + c.length], v[c.start : c.start + c.length], meta.sliding_window)
+        out[c.start : c.start + c.length] = o.transpose(0, 1)
     return out
+
+
+def own_causal_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None) -> Tensor:
+    """A chunk at position 0 attends only to its own keys: q [NH, n, D], k/v [n, KVH, D] -> [NH, n, D]."""
+    n = k.shape[0]
+    kk, vv = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, D]
+    if window is None or n <= window:
+        return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=True)
+    i = torch.arange(n)
+    mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)  # [n, n]
+    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)

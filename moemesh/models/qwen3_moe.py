@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from moemesh.config import ModelConfig, common_fields
+from moemesh.models.architecture import ArchitectureSpec
 from moemesh.models.decoder import MoeDecoderLM, WeightNames
-from moemesh.models.registry import ArchitectureSpec
 
 
 class Qwen3MoeForCausalLM(MoeDecoderLM):

@@ -1,47 +1,65 @@
 """The architecture registry: `config.architectures[0]` -> how to parse its config and build its model.
 
-An architecture plugs in by adding a module under `moemesh/models/` that defines a module-level
-`ARCHITECTURE` (an `ArchitectureSpec`, or a tuple of them). Modules are discovered on each lookup,
-so there is no mutable registry to keep in sync.
+A plain table, built once at import: an architecture plugs in by defining `ARCHITECTURE` (an
+`ArchitectureSpec`, or a tuple of them for a family serving several names) in its module under
+`moemesh/models/` and being listed here. Reading a model
+directory's config goes through here (`load_model_config`), so `moemesh.config` (the `ModelConfig`
+every parser builds) never imports the parsers back.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
 
+from moemesh.config import ConfigError, ModelConfig, read_json
+from moemesh.models import (
+    deepseek_v3, deepseek_v32, glm4_moe, gpt_oss, kimi_k25, minimax_m2, mixtral, qwen3_moe, qwen3_next,
+)
+from moemesh.models.architecture import ArchitectureSpec
 
-@dataclass(frozen=True)
-class ArchitectureSpec:
-    """name: the `architectures[0]` string; parse_config(raw, generation) -> ModelConfig;
-    model_class: built as model_class(cfg, reader, dtype)."""
-
-    name: str
-    parse_config: Callable[[dict[str, Any], dict[str, Any]], Any]
-    model_class: type
-
-
-def discover() -> dict[str, ArchitectureSpec]:
-    import moemesh.models as pkg
-
-    found: dict[str, ArchitectureSpec] = {}
-    for info in pkgutil.iter_modules(pkg.__path__):
-        module = importlib.import_module(f"{pkg.__name__}.{info.name}")
-        specs = getattr(module, "ARCHITECTURE", ())
-        for spec in specs if isinstance(specs, tuple) else (specs,):
-            found[spec.name] = spec
-    return found
+_MODULES = (mixtral, qwen3_moe, deepseek_v3, gpt_oss, glm4_moe, deepseek_v32, minimax_m2, kimi_k25, qwen3_next)
+ARCHITECTURES: Mapping[str, ArchitectureSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for m in _MODULES
+        for spec in (m.ARCHITECTURE if isinstance(m.ARCHITECTURE, tuple) else (m.ARCHITECTURE,))
+    }
+)
 
 
 def supported_architectures() -> list[str]:
-    return sorted(discover())
+    return sorted(ARCHITECTURES)
 
 
 def get_architecture(name: str) -> ArchitectureSpec:
-    from moemesh.config import ConfigError
+    if name not in ARCHITECTURES:
+        raise ConfigError(f"unsupported architecture {name!r}; supported: {', '.join(supported_architectures())}")
+    return ARCHITECTURES[name]
 
-    specs = discover()
-    if name not in specs:
-        raise ConfigError(f"unsupported architecture {name!r}; supported: {', '.join(sorted(specs))}")
-    return specs[name]
+
+def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+    """The `ModelConfig` of a parsed `config.json` (+ `generation_config.json`); ConfigError names
+    what is missing or malformed."""
+    archs = raw.get("architectures") or []
+    if not archs:
+        raise ConfigError("config.json has no 'architectures' entry")
+    spec = get_architecture(archs[0])
+    try:
+        return spec.parse_config(raw, generation or {})
+    except KeyError as e:
+        raise ConfigError(f"config.json for {archs[0]} lacks the field {e.args[0]!r}") from e
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"config.json for {archs[0]} has a malformed field: {e}") from e
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """The `ModelConfig` of a Hugging Face model directory."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ConfigError(f"model directory {str(model_dir)!r} does not exist")
+    raw = read_json(model_dir / "config.json", required=True)
+    gen = read_json(model_dir / "generation_config.json", required=False)
+    return parse_model_config(raw, gen)

@@ -1,13 +1,16 @@
-"""Building, running and stopping the mesh's gRPC servers, and channels with the same limits.
+"""Building, running and stopping the mesh's gRPC servers, and channels with the same limits and credentials.
 
     server = build_server(cfg.rpc, Service(expert_pb2_grpc.add_ExpertServiceServicer_to_server,
                                            servicer, "moemesh.v1.ExpertService"))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.bind("127.0.0.1:0")   # TLS when cfg.rpc.security has certificates
     await server.start()          # health: NOT_SERVING -> SERVING
     ...
     await server.shutdown()       # health NOT_SERVING, stop accepting, grace period, stop
 
-Every server carries grpc.health.v1 (overall "" and per service) and server reflection.
+Every server carries grpc.health.v1 (overall "" and per service) and server reflection, and
+requires a credential of every call but the health checks (`moemesh.rpc.security`): the mesh
+token by default, the router's API key for the public API. `make_channel` / `make_sync_channel`
+build the client side: TLS and the credentials' metadata from the same `RpcConfig`.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from moemesh.rpc.config import RpcConfig
+from moemesh.rpc.security import Credential, RequireCredential, SyncMetadata, aio_interceptors, mesh_token_credential
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -39,13 +43,18 @@ class Service:
 
 
 class MeshServer:
-    """A `grpc.aio.Server` (same start/stop/add_insecure_port/wait_for_termination) with health."""
+    """A `grpc.aio.Server` (start/stop/wait_for_termination) with health, the credential check and,
+    with `cfg.health_port`, a plaintext server of the health service alone (for probes)."""
 
-    def __init__(self, cfg: RpcConfig, services: tuple[Service, ...]):
+    def __init__(self, cfg: RpcConfig, services: tuple[Service, ...], credential: Credential):
         self.cfg = cfg
+        self.credential = credential
         self.service_names = tuple(s.name for s in services)
-        self.server = grpc.aio.server(options=cfg.server_options())
+        interceptors = [RequireCredential(credential)] if credential.secret else []
+        self.server = grpc.aio.server(options=cfg.server_options(), interceptors=interceptors)
         self.health = health.aio.HealthServicer()
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         self._cleanups: list[Callable[[], None]] = []
         for s in services:
             s.add(s.servicer, self.server)
@@ -55,14 +64,26 @@ class MeshServer:
             self.server,
         )
 
-    def add_insecure_port(self, address: str) -> int:
-        port = self.server.add_insecure_port(address)
+    def bind(self, address: str) -> int:
+        """Listen on `address` (TLS when the config has certificates); returns the port. With
+        `health_port` set, the plaintext health server binds that port on the same host."""
+        creds = self.cfg.security.server_credentials()
+        port = self.server.add_secure_port(address, creds) if creds else self.server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"cannot bind gRPC server to {address}")
+        if self.cfg.health_port is not None:
+            self.health_server = grpc.aio.server(options=self.cfg.server_options())
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            host = address.rsplit(":", 1)[0]
+            self.health_port = self.health_server.add_insecure_port(f"{host}:{self.cfg.health_port}")
+            if self.health_port == 0:
+                raise OSError(f"cannot bind the health server to {host}:{self.cfg.health_port}")
         return port
 
     async def start(self) -> None:
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         await self.set_serving(True)
 
     async def set_serving(self, serving: bool) -> None:
@@ -81,6 +102,8 @@ class MeshServer:
 
     async def stop(self, grace: float | None) -> None:
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         cleanups, self._cleanups = self._cleanups, []
         for fn in reversed(cleanups):
             fn()
@@ -89,17 +112,45 @@ class MeshServer:
         return await self.server.wait_for_termination(timeout)
 
 
-def build_server(cfg: RpcConfig, *services: Service) -> MeshServer:
-    """A server with `services`, health, reflection and cfg's message limits and keepalive.
-    Build it on the event loop that will run it (inside a coroutine, or before `asyncio.run` ends)."""
-    return MeshServer(cfg, services)
+def build_server(cfg: RpcConfig, *services: Service, credential: Credential | None = None) -> MeshServer:
+    """A server with `services`, health, reflection and cfg's message limits and keepalive, requiring
+    `credential` of every call but the health checks (default: the mesh token of `cfg.security`;
+    ValueError when there is none and `insecure_no_auth` is not set). Build it on the event loop
+    that will run it (inside a coroutine, or before `asyncio.run` ends)."""
+    if credential is None:
+        cfg.security.require_token()
+        credential = mesh_token_credential(cfg.security)
+    return MeshServer(cfg, services, credential)
 
 
-def make_channel(address: str, cfg: RpcConfig) -> grpc.aio.Channel:
-    """An insecure aio channel to `address` with the same limits as the servers."""
+def _check_address(address: str) -> None:
     if not address or ":" not in address:
         raise ValueError(f"address must be host:port, got {address!r}")
-    return grpc.aio.insecure_channel(address, options=cfg.channel_options())
+
+
+def make_channel(address: str, cfg: RpcConfig, api_key: str = "") -> grpc.aio.Channel:
+    """An aio channel to `address` with the servers' limits: TLS when `cfg.security` has
+    certificates, every call carrying the mesh token (when configured) and `api_key` (when given).
+    The HTTP gateway builds its channel to the router with this."""
+    _check_address(address)
+    sec = cfg.security
+    options = cfg.channel_options() + sec.channel_options()
+    interceptors = aio_interceptors(sec.call_metadata(api_key))
+    creds = sec.channel_credentials()
+    if creds is not None:
+        return grpc.aio.secure_channel(address, creds, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+def make_sync_channel(address: str, cfg: RpcConfig, api_key: str = "") -> grpc.Channel:
+    """`make_channel` for synchronous code (the CLI, the expert transports, the launcher)."""
+    _check_address(address)
+    sec = cfg.security
+    options = cfg.channel_options() + sec.channel_options()
+    creds = sec.channel_credentials()
+    channel = grpc.secure_channel(address, creds, options=options) if creds is not None else grpc.insecure_channel(address, options=options)
+    metadata = sec.call_metadata(api_key)
+    return grpc.intercept_channel(channel, SyncMetadata(metadata)) if metadata else channel
 
 
 def exit_process(code: int = 0) -> NoReturn:
@@ -114,6 +165,21 @@ def exit_process(code: int = 0) -> NoReturn:
         except (OSError, ValueError):  # closed or gone: nothing left to flush
             pass
     os._exit(code)
+
+
+def print_ready(service: str, address: str, **extra: object) -> None:
+    """The line a service prints once it serves (launchers and tests wait for it), flushed:
+    `moemesh <service>_svc: serving HOST:PORT [name=VALUE ...]`; empty values are left out."""
+    fields = "".join(f" {name}={value}" for name, value in extra.items() if value)
+    print(f"moemesh {service}_svc: serving {address}{fields}", flush=True)
+
+
+def serve_process(main: Callable[[asyncio.Event], Awaitable[None]]) -> NoReturn:
+    """A service process (`python -m x_svc`, `moemesh serve x`): logs to stderr, runs `main(stop)`
+    until SIGTERM/SIGINT sets `stop` (main then drains and returns), then ends the process."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    run_service(main)
+    exit_process(0)
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

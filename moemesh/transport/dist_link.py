@@ -8,6 +8,12 @@ named by the link id, never through `init_process_group`, so servers and clients
 without restarting anything. Calls travel as frames (`dist_frames`) on the link, in order: gRPC
 only opens it.
 
+Anyone who reaches the TCPStore can list its keys and join a pair group, so a link is used only
+after both ranks proved they know the link's secret (handed to the client over the authenticated
+`OpenDistLink` RPC, never put in the store): the client sends HMAC(secret, "client" + link id),
+the server checks it and answers HMAC(secret, "server" + link id), which the client checks before
+sending a single call. An outsider who joins first only breaks that link (the client opens another).
+
 Why headers never go over NCCL: a link waits for its next call as long as it is idle, and an NCCL
 receive left pending past the group's timeout makes NCCL's watchdog tear the process down. A gloo
 receive may wait without limit, and an NCCL payload operation is posted only once its header has
@@ -16,6 +22,8 @@ arrived (its peer posts the matching one right after the header), so no NCCL ope
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import socket
 from pathlib import Path
 
@@ -74,12 +82,38 @@ def pair_group(store: dist.Store, link_id: str, rank: int, backend: str, host: s
     raise ValueError(f"backend must be {GLOO!r} or {NCCL!r}, got {backend!r}")
 
 
-def open_link(store: dist.Store, link_id: str, rank: int, backend: str, host: str, device: torch.device, timeout_s: float) -> "DistLink":
-    """Both pairs of a link (blocks until the peer joins them too). backend: "gloo" (one gloo pair)
-    or "nccl" (a gloo control pair and an NCCL data pair)."""
+def open_link(store: dist.Store, link_id: str, rank: int, backend: str, host: str, device: torch.device, timeout_s: float,
+              secret: bytes) -> "DistLink":
+    """Both pairs of a link (blocks until the peer joins them too), after the secret handshake
+    (LinkBroken when the peer does not know `secret`). backend: "gloo" (one gloo pair) or "nccl"
+    (a gloo control pair and an NCCL data pair)."""
     control = pair_group(store, link_id, rank, GLOO, host, timeout_s)
+    link = DistLink(link_id, control, rank, torch.device("cpu"))
+    prove_secret(link, secret, rank, datetime.timedelta(seconds=timeout_s))
     data = pair_group(store, f"{link_id}/data", rank, NCCL, host, timeout_s) if backend == NCCL else None
     return DistLink(link_id, control, rank, device, data)
+
+
+HELLO = 3  # the handshake frame's kind (after dist_frames' FORWARD and CLOSE)
+
+
+def _proof(secret: bytes, role: str, link_id: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(hmac.new(secret, f"{role}|{link_id}".encode(), hashlib.sha256).digest()), dtype=torch.uint8)
+
+
+def prove_secret(link: "DistLink", secret: bytes, rank: int, timeout: datetime.timedelta) -> None:
+    """The client (rank 1) proves it knows the link's secret, then the server (rank 0) does."""
+    if len(secret) < 16:
+        raise LinkBroken(f"link {link.link_id}: no link secret (at least 16 bytes)")
+    mine, theirs = ("client", "server") if rank == 1 else ("server", "client")
+    if rank == 1:
+        link.send_frame([HELLO], [_proof(secret, mine, link.link_id)], timeout)
+    words, payload = link.recv_frame(64, timeout)
+    expected = _proof(secret, theirs, link.link_id)
+    if words[0] != HELLO or not hmac.compare_digest(bytes(payload.tolist()), bytes(expected.tolist())):
+        raise LinkBroken(f"link {link.link_id}: the peer does not know the link's secret")
+    if rank == 0:
+        link.send_frame([HELLO], [_proof(secret, mine, link.link_id)], timeout)
 
 
 class LinkBroken(RuntimeError):

@@ -2,10 +2,10 @@ import asyncio
 
 import pytest
 
-from attention_svc.errors import ReplicaError
 from attention_svc.replica import AttentionReplica, SequenceRequest
 from attention_svc.step_loop import StepLoop
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
+from moemesh.errors import MeshError
 
 
 def make_engine(model_dir, **kw):
@@ -97,13 +97,13 @@ def test_bad_sequences_are_refused_and_the_replica_keeps_serving(tiny_model_dir,
     engine = make_engine(tiny_model_dir)
 
     async def body(replica):
-        with pytest.raises(ReplicaError) as e:
+        with pytest.raises(MeshError) as e:
             await tokens_of(replica, SequenceRequest("bad", prompt, sampling))
         good = await tokens_of(replica, SequenceRequest("good", (5,), {"max_new_tokens": 2}))
         return e.value, good
 
     err, good = asyncio.run(with_replica(engine, body))
-    assert err.code == code and err.message.startswith(field), err.message
+    assert err.code.name == code and err.message.startswith(field), err.message
     assert len(good) == 2 and good[-1].finished
 
 

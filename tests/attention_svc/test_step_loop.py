@@ -4,9 +4,11 @@ from collections import deque
 
 import pytest
 
-from attention_svc.errors import ReplicaError
+import grpc
+
 from attention_svc.step_loop import StepLoop
 from moemesh.engine import SamplingParams, StepOutput
+from moemesh.errors import MeshError
 
 
 class ScriptedEngine:
@@ -88,7 +90,7 @@ def test_a_rejected_add_fails_only_that_stream():
         return await drain(bad), await drain(good)
 
     bad, good = run_with_loop(ScriptedEngine(), body)
-    assert isinstance(bad[0], ReplicaError) and bad[0].code == "INVALID_ARGUMENT"
+    assert isinstance(bad[0], MeshError) and bad[0].code == grpc.StatusCode.INVALID_ARGUMENT
     assert good[-1].finish_reason == "length"
 
 
@@ -102,7 +104,7 @@ def test_a_failed_step_fails_the_running_streams_and_the_loop_keeps_serving():
         return first, second
 
     first, second = run_with_loop(engine, body)
-    assert isinstance(first[-1], ReplicaError) and first[-1].code == "UNAVAILABLE"
+    assert isinstance(first[-1], MeshError) and first[-1].code == grpc.StatusCode.UNAVAILABLE
     assert "expert server gone" in first[-1].message
     assert second[-1].finish_reason == "length"
 
@@ -112,11 +114,11 @@ def test_duplicate_ids_are_refused_and_between_steps_runs():
 
     async def body(loop):
         q = loop.add("a", [1], SamplingParams())
-        with pytest.raises(ReplicaError) as e:
+        with pytest.raises(MeshError) as e:
             loop.add("a", [1], SamplingParams())
         await drain(q)
         return e.value
 
     err = run_with_loop(ScriptedEngine(), body, between=lambda: calls.append(1))
-    assert err.code == "ALREADY_EXISTS"
+    assert err.code == grpc.StatusCode.ALREADY_EXISTS
     assert len(calls) >= 3

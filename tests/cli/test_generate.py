@@ -17,9 +17,11 @@ def test_unreachable_router_fails_fast_with_the_status(capsys):
 
 
 def test_generate_accepts_the_sampling_flags_of_run():
+    from moemesh.cli.generate import prompt_args
     from moemesh.cli.main import build_parser
 
-    run = build_parser().parse_args(["run", "--model", "m", "--prompt", "p"])
-    gen = build_parser().parse_args(["generate", "--addr", "h:1", "--prompt", "p"])
-    for flag in ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "raw_prompt", "json"):
-        assert getattr(gen, flag) == getattr(run, flag), flag
+    sampling = ["--max-new-tokens", "5", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "3", "--seed", "7", "--raw-prompt"]
+    for given in ([], sampling):  # the same defaults, the same flags
+        run = build_parser().parse_args(["run", "--model", "m", "--prompt", "p", *given])
+        gen = build_parser().parse_args(["generate", "--addr", "h:1", "--prompt", "p", *given])
+        assert prompt_args(gen) == prompt_args(run)

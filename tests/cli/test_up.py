@@ -14,34 +14,43 @@ import pytest
 from tests.e2e.helpers import assert_same_generation, attention_load, generate_json, run_json
 
 LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+)$")
+HTTP_LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+) http=(127\.0\.0\.1:\d+)$")
 
 
-def start_up(model_dir, tmp_path, *extra):
+def start_up(model_dir, tmp_path, *extra, line=LINE):
     proc = subprocess.Popen(
         [sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(model_dir), "--log-dir", str(tmp_path), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    line = proc.stdout.readline().rstrip("\n")
-    m = LINE.match(line)
+    printed = proc.stdout.readline().rstrip("\n")
+    m = line.match(printed)
     if not m:
         proc.kill()
-        pytest.fail(f"moemesh up printed {line!r}; stderr:\n{proc.stderr.read()}")
-    return proc, m.group(1), m.group(2)
+        pytest.fail(f"moemesh up printed {printed!r}; stderr:\n{proc.stderr.read()}")
+    return (proc, *m.groups())
 
 
-def spread_over_replicas(router: str, replicas: list[psutil.Process]) -> None:
+def mesh_rpc(token_file):
+    """How to call the internal services of the `up` mesh whose log dir holds `token_file`."""
+    from moemesh.rpc.config import RpcConfig
+    from moemesh.rpc.security import SecurityConfig
+
+    return RpcConfig(security=SecurityConfig(mesh_token_file=str(token_file)))
+
+
+def spread_over_replicas(router: str, replicas: list[psutil.Process], rpc) -> None:
     """Concurrent requests land on both attention replicas (least loaded first)."""
     import grpc
 
-    from router_svc.client import build_request
+    from moemesh.rpc.generation import build_request
     from tests.e2e.helpers import gen_grpc
 
     addresses = [f"127.0.0.1:{p.cmdline()[p.cmdline().index('--port') + 1]}" for p in replicas]
-    with grpc.insecure_channel(router) as ch:
+    with grpc.insecure_channel(router) as ch:  # the router's public API: no API key in this mesh
         stub = gen_grpc.GenerationStub(ch)
         streams = [stub.Generate(build_request(prompt_token_ids=[5 + i, 6, 7], max_new_tokens=20), timeout=120) for i in range(8)]
         assert all(list(s)[-1].finish_reason for s in streams)
-    accepted = [attention_load(a).accepted for a in addresses]
+    accepted = [attention_load(a, rpc).accepted for a in addresses]
     assert all(n >= 2 for n in accepted), accepted
 
 
@@ -66,7 +75,7 @@ def test_up_serves_and_sigterm_stops_every_process(tiny_model_dir, tmp_path):
         assert len(serving) == 6  # control, 2 experts, 2 attention replicas, router
         args = ["--prompt", "Hello", "--max-new-tokens", "6"]
         assert_same_generation(generate_json(router, *args), run_json("--model", str(tiny_model_dir), *args))
-        spread_over_replicas(router, [c for c in serving if "attention" in c.cmdline()])
+        spread_over_replicas(router, [c for c in serving if "attention" in c.cmdline()], mesh_rpc(tmp_path / "mesh-token"))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert_all_gone(children)
@@ -74,15 +83,73 @@ def test_up_serves_and_sigterm_stops_every_process(tiny_model_dir, tmp_path):
         proc.kill()
 
 
-def test_a_crashed_child_stops_the_mesh_with_an_error(tiny_model_dir, tmp_path):
+def ctl_status(control: str, token_file) -> dict:
+    import contextlib
+    import io
+    import json
+
+    from moemesh.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["ctl", "--addr", control, "--mesh-token-file", str(token_file), "--json", "status"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_the_mesh_token_is_made_per_mesh_and_never_on_a_command_line(tiny_model_dir, tmp_path):
     proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "1")
     try:
-        children = descendants(proc.pid)
-        expert = next(c for c in children if "expert" in c.cmdline() and "serve" in c.cmdline())
-        expert.kill()
-        assert proc.wait(timeout=60) == 1
-        assert "expert-0 exited" in proc.stderr.read()
-        assert_all_gone(children)
+        token_file = tmp_path / "mesh-token"
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and (token_file.stat().st_mode & 0o777) == 0o600
+        for c in descendants(proc.pid):
+            assert not any(token in a for a in c.cmdline()), c.cmdline()
+        assert int(ctl_status(control, token_file)["placement_version"]) >= 1
+        import grpc
+
+        from moemesh.contracts.wire import control_grpc, control_pb2
+        with grpc.insecure_channel(control) as ch:  # without the token: refused
+            with pytest.raises(grpc.RpcError) as e:
+                control_grpc.ControlServiceStub(ch).GetStatus(control_pb2.GetStatusRequest(), timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_a_killed_expert_server_is_restarted_and_gets_experts_again(tiny_model_dir, tmp_path):
+    """SIGKILL of one expert server of an `up` mesh: streams keep succeeding (its experts fail over
+    to the other server), the launcher starts it again on its port, it registers and the control
+    plane places experts on it; only SIGTERM stops the mesh (exit 0)."""
+    from tests.live.mesh import Workload
+
+    proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "2")
+    token_file = tmp_path / "mesh-token"
+    try:
+        experts = [c for c in descendants(proc.pid) if "serve" in c.cmdline() and "expert" in c.cmdline()]
+        victim = experts[1]
+        port = victim.cmdline()[victim.cmdline().index("--port") + 1]
+        w = Workload(router, [[9 + i, 60 + 5 * i, 200 + i, 3] for i in range(4)], max_new_tokens=8, concurrency=2,
+                     max_requests=30, timeout_s=120).start()
+        try:
+            w.wait_completed(3, 120)
+            victim.kill()
+            w.wait_completed(30, 300)
+        finally:
+            w.stop()
+        assert w.errors == [] and len(w.results) == 30
+        deadline = time.monotonic() + 120
+        while True:
+            st = ctl_status(control, token_file)
+            back = [s for s in st["servers"] if s["server"]["address"].endswith(f":{port}") and s["server"].get("state") == "SERVER_STATE_SERVING"]
+            if back and back[0].get("experts_held", 0) > 0:
+                break
+            assert time.monotonic() < deadline, f"the restarted server has no experts: {st}"
+            time.sleep(0.5)
+        assert proc.poll() is None  # the mesh kept running
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert "expert-1 exited" in proc.stderr.read()
     finally:
         proc.kill()
 
@@ -92,3 +159,28 @@ def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "expert_servers must be >= 1" in out.stderr
+
+
+KEY = "gateway-and-router-key-0123"  # the API key guards both public doors
+
+
+def test_up_with_http_port_starts_the_gateway(tiny_model_dir, tmp_path):
+    import httpx
+
+    proc, router, control, http = start_up(tiny_model_dir, tmp_path, "--expert-servers", "1", "--http-port", "0",
+                                           "--api-key", KEY, line=HTTP_LINE)
+    try:
+        children = descendants(proc.pid)
+        gateway = [c for c in children if "gateway" in c.cmdline()]
+        assert len(gateway) == 1 and KEY not in " ".join(gateway[0].cmdline())  # the key travels in the environment
+        assert httpx.get(f"http://{http}/health").status_code == 200
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
+        assert httpx.post(f"http://{http}/v1/chat/completions", json=body).status_code == 401
+        r = httpx.post(f"http://{http}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        assert httpx.get(f"http://{http}/api/mesh", headers={"x-api-key": KEY}).json()["available"]  # --control is passed on
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert_all_gone(children)
+    finally:
+        proc.kill()

@@ -1,13 +1,13 @@
 """`moemesh ctl` rendering and errors (its calls against a live mesh are in tests/live)."""
 from moemesh.cli.ctl import render, table
-from control_svc.knobs import RoutingKnobs
-from control_svc.placement.types import Placement
-from control_svc.wire import control_pb2, knobs_to_proto, placement_to_proto
+from moemesh.contracts.knobs import MoeKnobs
+from moemesh.contracts.placement import Placement
+from moemesh.contracts.wire import control_pb2, knobs_to_proto, placement_to_proto
 
 
 def test_status_table_lists_servers_and_replicas():
     resp = control_pb2.StatusResponse(
-        placement_version=4, balancedness=0.875, window_tokens=1200, knobs=knobs_to_proto(RoutingKnobs(top_k=1)),
+        placement_version=4, balancedness=0.875, window_tokens=1200, knobs=knobs_to_proto(MoeKnobs(top_k=1)),
         servers=[control_pb2.ExpertServerStatus(
             server=control_pb2.ExpertServerInfo(server_id="expert-0", address="127.0.0.1:5", device="cpu",
                                                 state=control_pb2.SERVER_STATE_DRAINING),

@@ -1,14 +1,17 @@
 """`ControlPlane` without gRPC: fake expert-server ops, a fake clock, load reports as ExpertStats."""
 import asyncio
 
+import grpc
 import pytest
 
 from control_svc.config import ControlConfig
 from control_svc.plane import ControlPlane
 from control_svc.registry import Registry
-from control_svc.wire import ServerInfo
+from moemesh.contracts.info import ServerInfo
+from moemesh.errors import MeshError
 from moemesh.rpc.protos import load as load_protos
 from moemesh.telemetry import ServiceMetrics
+from tests.fixtures.auth import TEST_RPC
 
 expert_pb2, _ = load_protos("expert")
 LAYERS = (0, 1)
@@ -39,6 +42,9 @@ class FakeOps:
         if server.server_id in self.down:
             raise ConnectionError("refused")
 
+    async def forget(self, server_id):
+        self.held.pop(server_id, None)
+
 
 def stats(tokens: dict[tuple[int, int], int]):
     return expert_pb2.ExpertStats(loads=[expert_pb2.ExpertLoad(layer=l, expert_id=e, tokens=n) for (l, e), n in tokens.items()])
@@ -48,7 +54,7 @@ def make_plane(**cfg):
     clock = Clock()
     ops = FakeOps()
     metrics = ServiceMetrics("control")
-    config = ControlConfig(model_dir="unused", expected_expert_servers=2, heartbeat_interval_s=0.01, dead_after_s=1.0,
+    config = ControlConfig(model_dir="unused", rpc=TEST_RPC, expected_expert_servers=2, heartbeat_interval_s=0.01, dead_after_s=1.0,
                            release_timeout_s=0.05, rebalance_min_tokens=100, **cfg)
     return ControlPlane(LAYERS, 8, config, ops, Registry(clock=clock), metrics), ops, clock, metrics
 
@@ -105,8 +111,9 @@ def test_knobs_are_a_new_version_with_the_same_replicas():
         assert view.knobs.top_k == 1 and plane.board.current.knobs.top_k == 1
         view = await plane.set_knobs(None, 1.5, 1)
         assert view.knobs.effective(1, 2) == (1, 1.5) and view.knobs.effective(0, 2) == (1, 0.0)
-        with pytest.raises(ValueError, match="top_k"):
+        with pytest.raises(MeshError, match="top_k") as e:
             await plane.set_knobs(0, None, None)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert plane.board.version == 3
 
     asyncio.run(main())

@@ -4,25 +4,26 @@ import grpc
 import pytest
 
 from control_svc.config import ControlConfig
-from control_svc.server import build_control_server
-from control_svc.wire import ServerInfo, control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
-from moemesh.rpc.config import RpcConfig
+from control_svc.server import create_server
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
+from moemesh.models.registry import load_model_config
 from moemesh.rpc.server import make_channel
-from tests.expert_svc.fixtures import in_loop, running_expert_servers
+from tests.expert_svc.fixtures import running_expert_servers
+from tests.fixtures.auth import TEST_RPC
 
 
 @pytest.fixture
 def control(moe_dir, loop):
-    parts = loop.run(in_loop(build_control_server, ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, release_timeout_s=1.0)), 30)
-    loop.run(parts.server.start(), 30)
-    yield parts
-    loop.run(parts.server.shutdown(0.2), 30)
-    loop.run(parts.ops.close(), 30)
+    control_server = loop.run(create_server(ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, release_timeout_s=1.0, rpc=TEST_RPC)), 30)[0]
+    loop.run(control_server.start(), 30)
+    yield control_server
+    loop.run(control_server.shutdown(0.2), 30)
 
 
 def test_initial_placement_loads_every_expert_onto_the_servers(moe_dir, loop, control):
     async def scenario(experts):
-        async with make_channel(control.address, RpcConfig()) as ch:
+        async with make_channel(control.address, TEST_RPC) as ch:
             stub = control_grpc.ControlServiceStub(ch)
             watch = stub.WatchPlacement(control_pb2.WatchPlacementRequest(replica_id="t", after_version=0))
             ids = []
@@ -54,7 +55,7 @@ def test_initial_placement_loads_every_expert_onto_the_servers(moe_dir, loop, co
 
 def test_bad_calls_get_the_right_status(loop, control):
     async def scenario():
-        async with make_channel(control.address, RpcConfig()) as ch:
+        async with make_channel(control.address, TEST_RPC) as ch:
             stub = control_grpc.ControlServiceStub(ch)
             codes = []
             for call in (
@@ -81,14 +82,14 @@ def test_bad_calls_get_the_right_status(loop, control):
 def test_metrics_endpoint_and_status_rpc(moe_dir, loop):
     import urllib.request
 
-    parts = loop.run(in_loop(build_control_server, ControlConfig(model_dir=str(moe_dir), metrics_port=0)), 30)
-    loop.run(parts.server.start(), 30)
+    control_server = loop.run(create_server(ControlConfig(model_dir=str(moe_dir), metrics_port=0, rpc=TEST_RPC)), 30)[0]
+    loop.run(control_server.start(), 30)
     try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{parts.metrics_server.port}/metrics", timeout=10).read().decode()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{control_server.metrics_server.port}/metrics", timeout=10).read().decode()
         assert 'moemesh_placement_balancedness{service="control"}' in body
 
         async def status():
-            async with make_channel(parts.address, RpcConfig()) as ch:
+            async with make_channel(control_server.address, TEST_RPC) as ch:
                 stub = control_grpc.ControlServiceStub(ch)
                 st = await stub.GetStatus(control_pb2.GetStatusRequest(), timeout=10)
                 with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -97,7 +98,9 @@ def test_metrics_endpoint_and_status_rpc(moe_dir, loop):
 
         st, err = loop.run(status(), 30)
         assert st.placement_version == 0 and list(st.servers) == [] and st.balancedness == 1.0
+        model = load_model_config(str(moe_dir))
+        assert sorted((el.layer, el.expert_id, el.tokens) for el in st.expert_loads) == [
+            (layer, e, 0) for layer in model.moe_layers for e in range(model.num_experts)]  # the heat map, idle
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "no placement yet" in err.details()
     finally:
-        loop.run(parts.server.shutdown(0.2), 30)
-        loop.run(parts.ops.close(), 30)
+        loop.run(control_server.shutdown(0.2), 30)

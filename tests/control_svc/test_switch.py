@@ -3,20 +3,14 @@ import asyncio
 import pytest
 
 from control_svc.board import PlacementBoard
-from control_svc.placement.types import Placement
-from control_svc.switch import PlacementSwitch, SwitchError, placement_diff
-from control_svc.wire import ServerInfo
+from control_svc.switch import PlacementSwitch
+from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.placement import Placement
+from moemesh.errors import MeshError
 
 OLD = Placement(1, {0: (("a",), ("b",), ("a", "b"))})
 NEW = Placement(2, {0: (("b",), ("b",), ("a",))})
 SERVERS = {s: ServerInfo(s, f"127.0.0.1:{i + 1}") for i, s in enumerate("abc")}
-
-
-def test_diff():
-    to_load, to_drop = placement_diff(OLD, NEW)
-    assert to_load == {"b": {0: (0,)}}
-    assert to_drop == {"a": {0: (0,)}, "b": {0: (2,)}}
-    assert placement_diff(Placement(0), OLD) == ({"a": {0: (0, 2)}, "b": {0: (1, 2)}}, {})
 
 
 class FakeOps:
@@ -61,10 +55,10 @@ def test_failed_prepare_keeps_the_old_placement():
     async def main():
         board = PlacementBoard()
         sw = PlacementSwitch(FakeOps(board, fail=True), board, lambda: SERVERS, lambda: [], 5.0, 5.0)
-        with pytest.raises(SwitchError, match="down"):
+        with pytest.raises(MeshError, match="down"):
             await sw.switch(OLD)
         assert board.version == 0
-        with pytest.raises(SwitchError, match="unknown servers"):
+        with pytest.raises(MeshError, match="unknown servers"):
             await sw.switch(Placement(1, {0: (("zz",),)}))
 
     asyncio.run(main())

@@ -43,8 +43,9 @@ def launcher_flags(monkeypatch) -> dict[str, set[str]]:
 
     monkeypatch.setattr(mesh, "Child", FakeChild)
     monkeypatch.setattr(mesh, "wait_serving", lambda *a, **k: None)
+    monkeypatch.setattr(mesh, "wait_http_ok", lambda *a, **k: None)
     monkeypatch.setattr(mesh, "stop_all", lambda *a, **k: None)
-    mesh.Mesh(mesh.MeshSpec(model_dir="/models/model", expert_servers=2, attention_replicas=2), "/tmp/moemesh-keys-test").start()
+    mesh.Mesh(mesh.MeshSpec(model_dir="/models/model", expert_servers=2, attention_replicas=2, http_port=0), "/tmp/moemesh-keys-test").start()
     out: dict[str, set[str]] = {}
     for argv in started:
         i = argv.index("serve")
@@ -56,7 +57,7 @@ def launcher_flags(monkeypatch) -> dict[str, set[str]]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_manifest_key_is_accepted_by_its_service(overlay, fields):
     keys = manifest_keys(rendered(overlay))
-    assert set(keys) == {"router", "attention", "expert", "control"}
+    assert set(keys) == {"router", "attention", "expert", "control", "gateway"}
     for service, names in keys.items():
         accepted = {env_name(s, f) for s in fields for f in fields[s]}
         assert names <= accepted, sorted(names - accepted)
@@ -66,7 +67,7 @@ def test_every_manifest_key_is_accepted_by_its_service(overlay, fields):
 
 def test_launcher_passes_only_accepted_flags(monkeypatch, fields):
     flags = launcher_flags(monkeypatch)
-    assert set(flags) == {"router", "attention", "expert", "control"}
+    assert set(flags) == {"router", "attention", "expert", "control", "gateway"}
     for service, names in flags.items():
         assert names <= fields[service], f"moemesh up passes {sorted(names - fields[service])} to {service}"
 

@@ -21,7 +21,7 @@ def test_dockerfile(name):
     text = (DOCKER / name).read_text()
     assert "COPY pyproject.toml" in text and re.search(r'pip install "?\.\[', text), "installs the project from pyproject.toml"
     assert "ensure_generated()" in text, "generates the gRPC stubs during the build"
-    for pkg in ("moemesh", "kernels", "router_svc", "attention_svc", "expert_svc", "control_svc", "protos"):
+    for pkg in ("moemesh", "kernels", "router_svc", "attention_svc", "expert_svc", "control_svc", "gateway_svc", "protos"):
         assert f"COPY {pkg} " in text
         assert (ROOT / pkg).is_dir()
     last = final_stage(text)

@@ -44,9 +44,14 @@ MUTATIONS = [
     ("service selects nothing", lambda o: find(o, "Service", "control")["spec"]["selector"].update(app="nope"), "selects no pods"),
     ("pool without a PDB", lambda o: o.remove(find(o, "PodDisruptionBudget", "experts-b")), "experts-b: no PodDisruptionBudget"),
     ("pool without an HPA", lambda o: o.remove(find(o, "HorizontalPodAutoscaler", "experts-a")), "experts-a: no HorizontalPodAutoscaler"),
+    ("gateway without a PDB", lambda o: o.remove(find(o, "PodDisruptionBudget", "gateway")), "gateway: no PodDisruptionBudget"),
+    ("gateway without an HPA", lambda o: o.remove(find(o, "HorizontalPodAutoscaler", "gateway")), "gateway: no HorizontalPodAutoscaler"),
+    ("gateway ready on the wrong path", lambda o: container(o, "gateway")["readinessProbe"]["httpGet"].update(path="/metrics"), "is not /health"),
+    ("gateway with a gRPC probe", lambda o: container(o, "gateway").update(livenessProbe={"grpc": {"port": 8000}}), "no HTTP livenessProbe"),
+    ("gateway on another port", lambda o: set_env(container(o, "gateway"), "MOEMESH_GATEWAY_PORT", "9000"), "declares HTTP port 8000"),
     ("PDB over two pools", lambda o: find(o, "PodDisruptionBudget", "experts-a")["spec"]["selector"]["matchLabels"].pop("moemesh.io/pool"), "selects 2 Deployments"),
     ("unknown config key", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_EXPERT_TOP_KAY="2"), "has no field 'top_kay'"),
-    ("unknown service", lambda o: set_env(container(o, "router"), "MOEMESH_GATEWAY_PORT", "1"), "names no service"),
+    ("unknown service", lambda o: set_env(container(o, "router"), "MOEMESH_FRONTEND_PORT", "1"), "names no service"),
     ("unreadable value", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].update(MOEMESH_CONTROL_EXPECTED_EXPERT_SERVERS="many"), "cannot read"),
     ("port mismatch", lambda o: set_env(container(o, "experts-a"), "MOEMESH_EXPERT_PORT", "50099"), "binds port 50099"),
     ("loopback bind", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].pop("MOEMESH_ATTENTION_HOST"), "binds '127.0.0.1'"),
@@ -55,7 +60,25 @@ MUTATIONS = [
     ("no metrics port", lambda o: container(o, "control")["ports"].pop(1), "control declares no metrics port"),
     ("metrics port not admitted", lambda o: o.remove(find(o, "NetworkPolicy", "metrics-scrape")), "metrics port 9400 is admitted by no"),
     ("bad target port", lambda o: find(o, "Service", "router")["spec"]["ports"][0].update(targetPort="http"), "targetPort 'http'"),
-    ("policy misses a port", lambda o: find(o, "NetworkPolicy", "mesh-internal")["spec"]["ingress"][0]["ports"].pop(1), "internal port 50061"),
+    ("control port closed to experts", lambda o: find(o, "NetworkPolicy", "control-ingress")["spec"]["ingress"][0]["from"].pop(0),
+     "control port 50071 does not admit expert, which calls it"),
+    ("router admitted to the expert servers", lambda o: find(o, "NetworkPolicy", "expert-ingress")["spec"]["ingress"][0]["from"].append(
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/component": "router"}}}), "expert port 50061 admits router, which never calls it"),
+    ("one policy for every internal port, the router included (the old mesh-internal)",
+     lambda o: find(o, "NetworkPolicy", "control-ingress")["spec"]["ingress"][0].update(
+         {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "moemesh"}}}]}), "control port 50071 admits router"),
+    ("attention open to the world", lambda o: find(o, "NetworkPolicy", "attention-ingress")["spec"]["ingress"][0].pop("from"),
+     "attention port 50052 admits anything outside"),
+    ("no policy for the expert servers", lambda o: o.remove(find(o, "NetworkPolicy", "expert-ingress")),
+     "expert port 50061 does not admit attention"),
+    ("no policy selects the expert servers at all",
+     lambda o: [o.remove(find(o, "NetworkPolicy", n)) for n in ("expert-ingress", "metrics-scrape")], "expert port 50061 admits anything outside"),
+    ("no mesh token mounted", lambda o: pod(o, "experts-a").update(volumes=[v for v in pod(o, "experts-a")["volumes"] if v["name"] != "mesh-token"]),
+     "mesh token file /var/run/moemesh/mesh-token/token is in no mounted Secret"),
+    ("no mesh token", lambda o: find(o, "ConfigMap", "moemesh-config")["data"].pop("MOEMESH_CONTROL_MESH_TOKEN_FILE"), "control has no mesh token file"),
+    ("auth off", lambda o: set_env(container(o, "attention"), "MOEMESH_ATTENTION_INSECURE_NO_AUTH", "true"), "runs with insecure_no_auth"),
+    ("TLS on one service only", lambda o: set_env(container(o, "router"), "MOEMESH_ROUTER_TLS_CERT", "/etc/tls.crt"),
+     "TLS is on for some services but not for"),
     ("grace too short", lambda o: pod(o, "experts-a").update(terminationGracePeriodSeconds=30), "terminationGracePeriodSeconds 30 < "),
     ("drain longer than grace", lambda o: set_env(container(o, "experts-b"), "MOEMESH_EXPERT_DRAIN_TIMEOUT_S", "600"), "< preStop + drain"),
     ("no pod address", lambda o: container(o, "experts-a")["env"].pop(0), "does not advertise its pod IP"),
@@ -85,3 +108,24 @@ def test_gpu_overlay_puts_attention_replicas_on_their_gpu():
     assert {"name": "MOEMESH_ATTENTION_DEVICE", "value": "cuda:0"} in c["env"]
     assert str(c["resources"]["limits"]["nvidia.com/gpu"]) == "1"
     assert not any(e["name"] == "MOEMESH_ATTENTION_DEVICE" for e in container(rendered("overlays/cpu-dev"), "attention").get("env", []))
+
+
+def test_gpu_overlay_serves_mtls_with_a_cert_manager_certificate():
+    objs = rendered("overlays/gpu")
+    cert = find(objs, "Certificate", "moemesh-mesh-tls")
+    assert cert["apiVersion"] == "cert-manager.io/v1" and cert["spec"]["secretName"] == "moemesh-mesh-tls"
+    assert {"server auth", "client auth"} <= set(cert["spec"]["usages"]) and cert["spec"]["issuerRef"]["name"]
+    for name in ("control", "router", "attention", "experts-a", "experts-b"):
+        c, p = container(objs, name), pod(objs, name)
+        assert any(v.get("secret", {}).get("secretName") == "moemesh-mesh-tls" for v in p["volumes"]), name
+        assert c["readinessProbe"]["grpc"]["port"] == 50081, name  # the plaintext health port
+    config = find(objs, "ConfigMap", "moemesh-config")["data"]
+    assert config["MOEMESH_EXPERT_TLS_SERVER_NAME"] == cert["spec"]["dnsNames"][0]
+    # the plain overlay runs with the token only
+    assert not any("TLS" in k for k in find(rendered("overlays/cpu-dev"), "ConfigMap", "moemesh-config")["data"])
+
+
+def test_health_port_without_tls_probes_checked():
+    objs = rendered("overlays/gpu")
+    container(objs, "control")["ports"] = [p for p in container(objs, "control")["ports"] if p["name"] != "health"]
+    assert any("health port 50081 is not declared" in v for v in violations(objs))

@@ -11,6 +11,8 @@ VERSIONS = ("1.30", kubernetes_validate.latest_version())
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_object_validates_strictly(overlay, version):
     for obj in rendered(overlay):
+        if obj["apiVersion"].startswith("cert-manager.io/"):
+            continue  # a CRD: no schema bundled (its fields are checked in test_policy)
         kubernetes_validate.validate(obj, version, strict=True)
 
 

@@ -13,6 +13,7 @@ from moemesh.launcher.health import wait_serving
 from moemesh.launcher.mesh import serve_argv
 from moemesh.launcher.ports import free_port
 from moemesh.rpc.protos import load
+from tests.fixtures.auth import TEST_RPC, channel, token_env
 
 gen_pb, gen_grpc = load("generation")
 att_pb, att_grpc = load("attention")
@@ -21,10 +22,11 @@ att_pb, att_grpc = load("attention")
 def start_service(service: str, log_dir: Path, name: str | None = None, **flags) -> tuple[Child, str]:
     """Starts `moemesh serve SERVICE` on a free loopback port and waits until it is SERVING."""
     port = free_port()
-    child = Child(name or service, serve_argv(service, {"host": "127.0.0.1", "port": port, **flags}), log_dir / f"{name or service}.log")
+    child = Child(name or service, serve_argv(service, {"host": "127.0.0.1", "port": port, **flags}), log_dir / f"{name or service}.log",
+                  env=token_env())
     address = f"127.0.0.1:{port}"
     try:
-        wait_serving(address, 300, alive=lambda: child.poll() is None)
+        wait_serving(address, 300, alive=lambda: child.poll() is None, rpc=TEST_RPC)
     except Exception:
         stop_all([child], 5)
         raise RuntimeError(f"{service} did not start:\n{child.log_tail(40)}")
@@ -53,18 +55,18 @@ def generate_json(address: str, *args: str) -> dict:
     return json.loads(out.getvalue())
 
 
-def attention_load(address: str):
-    with grpc.insecure_channel(address) as ch:
+def attention_load(address: str, rpc=TEST_RPC):
+    with channel(address, rpc) as ch:
         return att_grpc.AttentionStub(ch).GetLoad(att_pb.GetLoadRequest(), timeout=10)
 
 
-def wait_idle(address: str, timeout_s: float = 10.0):
+def wait_idle(address: str, timeout_s: float = 10.0, rpc=TEST_RPC):
     """Polls an attention replica until no sequence runs or waits; returns the last load report."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while True:
-        load = attention_load(address)
+        load = attention_load(address, rpc)
         if (load.running == 0 and load.waiting == 0 and load.free_blocks == load.total_blocks) or time.monotonic() > deadline:
             return load
         time.sleep(0.05)

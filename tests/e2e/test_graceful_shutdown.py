@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from moemesh.launcher.child import stop_all
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from tests.e2e.helpers import attention_load, gen_grpc, start_service
 
 LONG = dict(max_new_tokens=250, temperature=0.0, ignore_eos=True)

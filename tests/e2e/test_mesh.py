@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from tests.e2e.helpers import assert_same_generation, gen_grpc, generate_json, run_json, wait_idle
 
 MESHES = [
@@ -61,5 +61,5 @@ def test_32_concurrent_streams_complete_with_correct_results(mesh, tiny_model_di
     results = asyncio.run(main())
     assert all(1 <= len(r) <= 6 for r in results)
     assert results[:4] == expected
-    load = wait_idle(mesh.addresses["attention-0"])
+    load = wait_idle(mesh.addresses["attention-0"], rpc=mesh.rpc)  # the mesh's own token
     assert (load.running, load.free_blocks) == (0, load.total_blocks)

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from moemesh.launcher.child import stop_all
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from tests.e2e.helpers import assert_same_generation, gen_grpc, gen_pb, generate_json, run_json, start_service, wait_idle
 
 

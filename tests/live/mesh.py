@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from moemesh.launcher.child import Child, stop_all
-from router_svc.client import build_request
+from moemesh.rpc.generation import build_request
 from tests.e2e.helpers import gen_grpc, start_service
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from router_svc.types import ModelInfo
+from moemesh.contracts.info import ModelInfo
 from tests.fixtures.tokenizers import make_tiny_tokenizer
 
 

@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import asyncio
 
-from router_svc.types import LoadReport, SequenceUpdate
+import grpc
+
+from moemesh.contracts.info import LoadReport
+from moemesh.errors import MeshError
+from router_svc.types import SequenceUpdate
 
 
 class FakeAttention:
-    def __init__(self, tokens, finish_reason="length", delay_s=0.0, prompt_logprobs=(), address="fake"):
+    def __init__(self, tokens, finish_reason="length", delay_s=0.0, prompt_logprobs=(), address="fake", cached_tokens=None):
         self.address = address
         self.tokens = list(tokens)
         self.finish_reason = finish_reason
         self.delay_s = delay_s
         self.prompt_logprobs = tuple(prompt_logprobs)
+        self.cached_tokens = cached_tokens
         self.specs = []
         self.closed_early = []  # request ids whose stream was closed before finishing
         self.aborted = []
@@ -36,6 +41,7 @@ class FakeAttention:
                     logprobs=(-0.5,),
                     finish_reason=self.finish_reason if last else "",
                     prompt_logprobs=self.prompt_logprobs if i == 0 else (),
+                    cached_tokens=self.cached_tokens if i == 0 else None,
                 )
             done = True
         finally:
@@ -58,8 +64,6 @@ class DownAttention(FakeAttention):
     """A replica that refuses every sequence as UNAVAILABLE (draining or down)."""
 
     async def generate(self, spec, timeout):
-        from router_svc.errors import RequestError
-
         self.specs.append(spec)
-        raise RequestError("UNAVAILABLE", "attention: this replica is shutting down")
+        raise MeshError(grpc.StatusCode.UNAVAILABLE, "attention: this replica is shutting down")
         yield  # an async generator, like the real client

@@ -2,8 +2,10 @@ import asyncio
 
 import pytest
 
+import grpc
+
+from moemesh.errors import MeshError
 from router_svc.admission import Admission
-from router_svc.errors import RequestError
 
 
 def test_queue_bound_refuses_with_resource_exhausted():
@@ -22,10 +24,10 @@ def test_queue_bound_refuses_with_resource_exhausted():
         second = asyncio.create_task(hold(1))  # waits in the queue
         await asyncio.sleep(0)
         assert (adm.running, adm.queued) == (1, 1)
-        with pytest.raises(RequestError) as e:
+        with pytest.raises(MeshError) as e:
             async with adm.slot():
                 pass
-        assert e.value.code == "RESOURCE_EXHAUSTED"
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         release.set()
         await asyncio.gather(first, second)
         assert entered == [0, 1]

@@ -5,14 +5,16 @@ import asyncio
 
 import pytest
 
+from moemesh.contracts.info import LoadReport
+from moemesh.svc_config import from_sources
 from router_svc.admission import Admission
 from router_svc.config import RouterConfig
 from router_svc.discovery import Discovery, parse_target
 from router_svc.replicas import Replica, ReplicaSet
 from router_svc.router import Router
-from router_svc.types import GenerationInput, LoadReport
-from moemesh.svc_config import from_sources
+from router_svc.types import GenerationInput
 from tests.router_svc.fakes import FakeAttention
+from tests.fixtures.auth import TEST_RPC, TEST_TOKEN
 
 
 class FakeDNS:
@@ -208,11 +210,11 @@ def test_least_loaded_choice_across_the_expanded_replicas():
 
 
 def test_the_discovery_interval_is_a_config_field():
-    cfg = from_sources(RouterConfig, "router", None, {"MOEMESH_ROUTER_DISCOVERY_INTERVAL_S": "2.5"})
+    cfg = from_sources(RouterConfig, "router", None, {"MOEMESH_ROUTER_DISCOVERY_INTERVAL_S": "2.5", "MOEMESH_MESH_TOKEN": TEST_TOKEN})
     assert cfg.discovery_interval_s == 2.5
-    assert RouterConfig().discovery_interval_s > 0
+    assert RouterConfig(rpc=TEST_RPC).discovery_interval_s > 0
     with pytest.raises(ValueError, match="discovery_interval_s"):
-        RouterConfig(discovery_interval_s=-1)
+        RouterConfig(discovery_interval_s=-1, rpc=TEST_RPC)
 
 
 async def collect(router, req):

@@ -3,12 +3,12 @@ attention servers (127.0.0.1 and 127.0.0.2, same port), both get sequences, and 
 one of them the router stops using it and closes its channel. The resolver is injected (no DNS)."""
 import asyncio
 
-from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import Service, build_server
 from router_svc.attention_client import pb, pb_grpc
 from router_svc.config import RouterConfig
 from router_svc.server import create_server
 from router_svc.types import GenerationInput, SamplingSpec
+from tests.fixtures.auth import TEST_RPC
 
 
 class ScriptedAttention(pb_grpc.AttentionServicer):
@@ -36,8 +36,8 @@ class ScriptedAttention(pb_grpc.AttentionServicer):
 
 async def start_pod(host, port):
     servicer = ScriptedAttention()
-    server = build_server(RpcConfig(), Service(pb_grpc.add_AttentionServicer_to_server, servicer, "moemesh.v1.Attention"))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    server = build_server(TEST_RPC, Service(pb_grpc.add_AttentionServicer_to_server, servicer, "moemesh.v1.Attention"))
+    bound = server.bind(f"{host}:{port}")
     await server.start()
     return server, servicer, bound
 
@@ -51,7 +51,7 @@ def test_a_name_becomes_one_replica_per_pod_and_follows_dns():
         async def resolver(host, p):
             return records[host]
 
-        cfg = RouterConfig(attention=f"attention:{port}", load_poll_s=0.05, discovery_interval_s=0.05, connect_timeout_s=10)
+        cfg = RouterConfig(attention=f"attention:{port}", load_poll_s=0.05, discovery_interval_s=0.05, connect_timeout_s=10, rpc=TEST_RPC)
         router_server, _ = await create_server(cfg, resolver)
         await router_server.start()
         router = router_server.router

@@ -1,14 +1,14 @@
 import pytest
 
-from router_svc.errors import RequestError
+from moemesh.errors import MeshError
 from router_svc.prepare import RequestPreparer
 from router_svc.types import ChatTurn, GenerationInput, SamplingSpec
 
 
 def rejects(prep, code, field, **kw):
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(MeshError) as e:
         prep.prepare(GenerationInput(**kw))
-    assert e.value.code == code
+    assert e.value.code.name == code
     assert e.value.message.startswith(field), e.value.message
 
 

@@ -2,9 +2,11 @@ import asyncio
 
 import pytest
 
-from router_svc.errors import RequestError
+import grpc
+
+from moemesh.contracts.info import LoadReport
+from moemesh.errors import MeshError
 from router_svc.replicas import Replica, ReplicaSet
-from router_svc.types import LoadReport
 
 
 class FakeLoad:
@@ -42,9 +44,9 @@ def test_failed_or_draining_replicas_get_nothing():
     b = Replica("b", FakeLoad(LoadReport(serving=False)))
     rs = ReplicaSet([a, b])
     asyncio.run(rs.refresh(timeout=1))
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(MeshError) as e:
         rs.pick()
-    assert e.value.code == "UNAVAILABLE"
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
     a.client.fail = False
     asyncio.run(rs.refresh(timeout=1))
     assert rs.pick() is a

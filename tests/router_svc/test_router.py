@@ -2,8 +2,10 @@ import asyncio
 
 import pytest
 
+import grpc
+
+from moemesh.errors import MeshError
 from router_svc.admission import Admission
-from router_svc.errors import RequestError
 from router_svc.replicas import Replica, ReplicaSet
 from router_svc.router import Router
 from router_svc.types import Delta, Finished, GenerationInput, SamplingSpec
@@ -81,21 +83,21 @@ def test_duplicate_running_request_id_is_refused(info, tokenizer):
     async def main():
         task = asyncio.create_task(collect(router, GenerationInput(request_id="dup", prompt_token_ids=(5,))))
         await asyncio.sleep(0.01)
-        with pytest.raises(RequestError) as e:
+        with pytest.raises(MeshError) as e:
             await collect(router, GenerationInput(request_id="dup", prompt_token_ids=(5,)))
         await router.abort("dup")
         await task
         return e.value
 
-    assert asyncio.run(main()).code == "ALREADY_EXISTS"
+    assert asyncio.run(main()).code == grpc.StatusCode.ALREADY_EXISTS
 
 
 def test_stream_without_finish_is_unavailable(info, tokenizer):
     fake = FakeAttention([10, 11], finish_reason="")
     router = make_router(info, tokenizer, fake)
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(MeshError) as e:
         asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
-    assert e.value.code == "UNAVAILABLE"
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
 
 
 def test_sampling_reaches_the_replica(info, tokenizer):
@@ -135,6 +137,6 @@ def test_all_replicas_unavailable_is_unavailable(info, tokenizer):
 
     router = Router(info, ReplicaSet([Replica("a", DownAttention([], address="a")), Replica("b", DownAttention([], address="b"))]),
                     Admission(4, 4), tokenizer)
-    with pytest.raises(RequestError) as e:
+    with pytest.raises(MeshError) as e:
         asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
-    assert e.value.code == "UNAVAILABLE"
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE

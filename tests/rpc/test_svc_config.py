@@ -1,9 +1,10 @@
+import argparse
 from dataclasses import dataclass, field
 
 import pytest
 
 from moemesh.rpc.config import RpcConfig
-from moemesh.svc_config import ConfigValueError, from_sources, parse_config
+from moemesh.svc_config import ConfigValueError, field_specs, from_sources, parse_config
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,42 @@ def test_help_lists_env_names(capsys):
         parse_config(DemoConfig, "demo", ["--help"], {})
     out = capsys.readouterr().out
     assert "MOEMESH_DEMO_MAX_MESSAGE_MB" in out and "--keepalive-time-s" in out
+
+
+@dataclass(frozen=True)
+class Inner:
+    model_dir: str = field(metadata={"metavar": "DIR"})
+    threads: int | None = 1
+    knob: int = 3
+
+
+@dataclass(frozen=True)
+class Outer:
+    inner: Inner = field(metadata={"omit": ("knob",), "defaults": {"threads": None}, "flags": {"model_dir": "--model"}})
+    json: bool = False
+    name: str = field(default="x", metadata={"flag": "--title"})
+
+
+def test_nested_config_omit_defaults_and_flag_names():
+    specs = {s.name: s for s in field_specs(Outer)}
+    assert set(specs) == {"model_dir", "threads", "json", "name"}
+    assert specs["model_dir"].flag == "--model" and specs["model_dir"].metavar == "DIR" and specs["model_dir"].required
+    assert specs["name"].flag == "--title" and specs["threads"].default is None
+    cfg = parse_config(Outer, None, ["--model", "/m", "--title", "t", "--json"])
+    assert cfg == Outer(Inner("/m", None, 3), True, "t")  # the omitted field keeps its default
+
+
+def test_without_a_service_there_is_no_environment():
+    cfg = from_sources(Outer, None, argparse.Namespace(model_dir="/m"), {"MOEMESH_NONE_THREADS": "4"})
+    assert cfg.inner.threads is None
+    with pytest.raises(ConfigValueError, match=r"model_dir is required \(--model\)"):
+        from_sources(Outer, None, None)
+
+
+def test_names_in_nested_metadata_must_exist():
+    @dataclass(frozen=True)
+    class Bad:
+        inner: Inner = field(metadata={"omit": ("nope",)})
+
+    with pytest.raises(TypeError, match="nope"):
+        field_specs(Bad)

@@ -45,6 +45,21 @@ def test_metrics_render_and_stay_per_instance():
     assert REGISTRY.get_sample_value("moemesh_queue_depth", {"service": "expert"}) is None
 
 
+def test_scheduler_counters_are_read_at_scrape():
+    from moemesh.engine.scheduler import SchedulerStats
+
+    stats = SchedulerStats()
+    m = ServiceMetrics("attention", scheduler=stats)
+    svc = (("service", "attention"),)
+    assert samples(m.render())[("moemesh_prefix_cache_hit_ratio", svc)] == 0
+    stats.prefix_queries, stats.prefix_hits, stats.preemptions = 400, 300, 2
+    got = samples(m.render())
+    assert got[("moemesh_prefix_cache_queries_total", svc)] == 400
+    assert got[("moemesh_prefix_cache_hits_total", svc)] == 300
+    assert got[("moemesh_prefix_cache_hit_ratio", svc)] == 0.75
+    assert got[("moemesh_preemptions_total", svc)] == 2
+
+
 def test_no_gpu_reports_zero_available():
     got = samples(ServiceMetrics("attention", gpu=GpuTelemetry(None)).render())
     assert got[("moemesh_gpu_available", (("service", "attention"),))] == 0
@@ -66,7 +81,7 @@ def test_bad_values_name_field(call, field):
 
 def test_unknown_service_rejected():
     with pytest.raises(ValueError, match="service"):
-        ServiceMetrics("gateway")
+        ServiceMetrics("frontend")
 
 
 def test_http_endpoint_on_ephemeral_port():

@@ -22,7 +22,7 @@ from moemesh.models.deepseek_v3.fp8_reader import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, GateNames, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
 from moemesh.models.layers import rms_norm
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
 # attend(h [T, H], weights, meta, (k_cache, v_cache), carry) -> [T, H]

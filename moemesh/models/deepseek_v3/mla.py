@@ -1,8 +1,8 @@
 """Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2) over a paged *latent* KV cache.
 
 Shape legend: T tokens, H hidden, NH heads, Rq q_lora_rank, R kv_lora_rank, Dn qk_nope_head_dim,
-Dr qk_rope_head_dim, Dv v_head_dim, B decoding sequences, S cached positions per decoding sequence,
-n prefill length, L = R + Dr latent width, W = ceil(L / 2).
+Dr qk_rope_head_dim, Dv v_head_dim, B decoding sequences, S cached positions per sequence,
+n chunk length, L = R + Dr latent width, W = ceil(L / 2).
 
 What the cache holds: per token only `c_kv` [R] (after kv_a_layernorm) and the rotated shared key
 `k_pe` [Dr]: R + Dr numbers (576 for DeepSeek-V3) instead of NH * (Dn + Dr + Dv) for expanded heads.
@@ -15,9 +15,11 @@ How attention reads it:
   * decode steps use the *absorbed* form: q_nope is folded through kv_b's key half (W_UK) into the
     latent space, scores are q_lat . c_kv + q_pe . k_pe, the weighted sum stays in latent space and
     kv_b's value half (W_UV) maps it to Dv per head afterwards. Nothing is expanded per cached token.
-  * prefills (every key is new) use the *expanded* form: kv_b expands this step's latents to per-head
+  * chunks (a prompt, or a part of one) use the *expanded* form: kv_b expands the latents to per-head
     keys/values once and a standard attention runs; this costs less than absorbing when the number of
-    queries equals the number of keys.
+    queries is near the number of keys. A chunk at position 0 expands its own latents only; one after
+    cached positions (prefix cache hit, chunked prefill) gathers the sequence's latents from the cache
+    and expands them all.
 Both forms compute the same function; tests check each against transformers.
 """
 from __future__ import annotations
@@ -162,26 +164,36 @@ def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, 
     inp = mla_inputs(x, w, cos, sin)
     cache.write(meta.slot_mapping, inp.latent)
     lat = cache.gather(meta.decode_block_tables) if meta.num_decode else None  # [B, S, R+Dr]
-    return mla_output(latent_attention(inp, w, meta, lat, meta.decode_mask), w)
+    masks = [c.mask for c in meta.chunks]
+    return mla_output(latent_attention(inp, w, meta, lat, meta.decode_mask, chunk_latents(cache, meta), masks), w)
+
+
+def chunk_latents(cache: LatentCache, meta: BatchMeta) -> list[Tensor | None]:
+    """Per chunk: for one after cached positions, the latents [S, L] of its sequence's blocks (this
+    chunk's own included: the cache is written first); None for one at position 0 (its own latents
+    are this step's)."""
+    return [cache.gather(c.block_table[None])[0] if c.start_pos > 0 else None for c in meta.chunks]
 
 
 def latent_attention(
     inp: MLAInputs, w: MLAWeights, meta: BatchMeta, decode_lat: Tensor | None, decode_mask: Tensor,
-    prefill_masks: list[Tensor | None] | None = None,
+    chunk_lat: list[Tensor | None], chunk_masks: list[Tensor | None],
 ) -> Tensor:
     """-> [T, NH, Dv]. Decodes attend (absorbed) to their cached latents decode_lat [B, S, >= R+Dr] where
-    decode_mask [B, S] is True; each prefill attends (expanded) to its own tokens, causally, or where
-    prefill_masks[i] [n, n] is True (a subset of the causal mask)."""
-    t, nh, dv = inp.q_nope.shape[0], w.num_heads, w.v_head_dim
+    decode_mask [B, S] is True. Chunk i attends (expanded) to chunk_lat[i] [S, >= R+Dr] where
+    chunk_masks[i] [n, S] is True or, when chunk_lat[i] is None, to its own tokens: causally when
+    chunk_masks[i] is None, else where that [n, n] mask is True (a subset of the causal mask)."""
+    t, nh, dv, r, ld = inp.q_nope.shape[0], w.num_heads, w.v_head_dim, w.kv_lora_rank, w.latent_dim
     out = torch.empty(t, nh, dv, dtype=inp.q_nope.dtype)  # [T, NH, Dv]
     b = meta.num_decode
     if b:
-        lat = decode_lat[..., : w.latent_dim]
-        out[:b] = absorbed_decode(inp.q_nope[:b], inp.q_pe[:b], w, lat, decode_mask)
-    for i, (start, n) in enumerate(meta.prefills):
-        sl = slice(start, start + n)
-        mask = prefill_masks[i] if prefill_masks is not None else None
-        out[sl] = expanded_prefill(inp.q_nope[sl], inp.q_pe[sl], inp.c_kv[sl], inp.k_pe[sl], w, mask)
+        out[:b] = absorbed_decode(inp.q_nope[:b], inp.q_pe[:b], w, decode_lat[..., :ld], decode_mask)
+    for c, lat, mask in zip(meta.chunks, chunk_lat, chunk_masks):
+        sl = slice(c.start, c.start + c.length)
+        if lat is not None:
+            out[sl] = expanded_prefill(inp.q_nope[sl], inp.q_pe[sl], lat[:, :r], lat[:, r:ld], w, mask)
+        else:
+            out[sl] = expanded_prefill(inp.q_nope[sl], inp.q_pe[sl], inp.c_kv[sl], inp.k_pe[sl], w, mask)
     return out
 
 
@@ -204,18 +216,15 @@ def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, lat: Tensor, ma
     return torch.einsum("bnr,nvr->bnv", o_lat, w_uv)  # [B, NH, Dv]
 
 
-def expanded_prefill(
-    q_nope: Tensor, q_pe: Tensor, c_kv: Tensor, k_pe: Tensor, w: MLAWeights, mask: Tensor | None = None
-) -> Tensor:
-    """One prefill of n tokens: q_nope [n, NH, Dn], q_pe [n, NH, Dr], c_kv [n, R], k_pe [n, Dr] -> [n, NH, Dv];
-    causal, or where mask [n, n] (True = attend) allows."""
-    n, nh, dn = q_nope.shape[0], w.num_heads, w.qk_nope_head_dim
-    kv = (c_kv @ w.kv_b.t()).view(n, nh, dn + w.v_head_dim)  # [n, NH, Dn+Dv]
-    k = torch.cat([kv[..., :dn], k_pe[:, None, :].expand(n, nh, -1)], dim=-1)  # [n, NH, Dn+Dr]
-    v = kv[..., dn:]  # [n, NH, Dv]
+def expanded_prefill(q_nope: Tensor, q_pe: Tensor, c_kv: Tensor, k_pe: Tensor, w: MLAWeights, mask: Tensor | None = None) -> Tensor:
+    """One chunk of n queries over S latents: q_nope [n, NH, Dn], q_pe [n, NH, Dr], c_kv [S, R], k_pe [S, Dr],
+    mask [n, S] (True = attend; None: S == n, the chunk's own keys, causal) -> [n, NH, Dv]."""
+    s, nh, dn = c_kv.shape[0], w.num_heads, w.qk_nope_head_dim
+    kv = (c_kv @ w.kv_b.t()).view(s, nh, dn + w.v_head_dim)  # [S, NH, Dn+Dv]
+    k = torch.cat([kv[..., :dn], k_pe[:, None, :].expand(s, nh, -1)], dim=-1)  # [S, NH, Dn+Dr]
+    v = kv[..., dn:]  # [S, NH, Dv]
     q = torch.cat([q_nope, q_pe], dim=-1)  # [n, NH, Dn+Dr]
     o = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=mask is None,
-        scale=w.softmax_scale,
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=mask is None, scale=w.softmax_scale
     )  # [NH, n, Dv]
     return o.transpose(0, 1)

@@ -2,7 +2,7 @@
 attention (the lightning indexer's top-k keys per query), grouped sigmoid gate, shared experts."""
 from moemesh.models.deepseek_v32.config import DEEPSEEK_V32, GLM_MOE_DSA, parse_config
 from moemesh.models.deepseek_v32.model import DeepseekV32ForCausalLM
-from moemesh.models.registry import ArchitectureSpec
+from moemesh.models.architecture import ArchitectureSpec
 
 ARCHITECTURE = (
     ArchitectureSpec(DEEPSEEK_V32, parse_config, DeepseekV32ForCausalLM),

@@ -3,7 +3,7 @@ softmax (and takes probability mass without contributing a value), biases on q/k
 window on the layers that have one. Runs over the engine's paged KV cache.
 
 Shape legend: T tokens, H hidden, NH query heads, KVH key/value heads, D head dim, B decoding
-sequences, S cached positions per decoding sequence, n prefill length, Q queries, L keys.
+sequences, S cached positions per sequence, n chunk length, Q queries, L keys.
 KV cache of one layer: k, v [num_blocks, BS, KVH, D].
 """
 from __future__ import annotations
@@ -71,11 +71,18 @@ def sink_attention(x: Tensor, w: SinkAttentionWeights, meta: BatchMeta, rope: Ro
             mask = mask & (kv_pos[None, :] > meta.positions[:b, None] - w.window)
         o = attend_with_sinks(q[:b].unsqueeze(2), kk, vv, mask[:, None, None, :], w.sinks, scale)  # [B, NH, 1, D]
         out[:b] = o.squeeze(2)
-    for start, n in meta.prefills:
-        i = torch.arange(n)
-        mask = i[None, :] <= i[:, None]  # [n, n]
-        if w.window is not None:
-            mask &= i[None, :] > i[:, None] - w.window
-        qq, kk, vv = (z[start : start + n].transpose(0, 1) for z in (q, k, v))  # [heads, n, D]
-        out[start : start + n] = attend_with_sinks(qq, kk, vv, mask[None], w.sinks, scale).transpose(0, 1)
+    for c in meta.chunks:
+        rows = slice(c.start, c.start + c.length)
+        qq = q[rows].transpose(0, 1)  # [NH, n, D]
+        if c.start_pos > 0:  # after cached positions: attend over the sequence's blocks (this chunk's included)
+            kk = k_cache[c.block_table].view(-1, kvh, d).transpose(0, 1)  # [KVH, S, D]
+            vv = v_cache[c.block_table].view(-1, kvh, d).transpose(0, 1)
+            mask = c.mask if w.window is None else c.window_mask(w.window)  # [n, S]
+        else:
+            kk, vv = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # [KVH, n, D]
+            i = torch.arange(c.length)
+            mask = i[None, :] <= i[:, None]  # [n, n]
+            if w.window is not None:
+                mask &= i[None, :] > i[:, None] - w.window
+        out[rows] = attend_with_sinks(qq, kk, vv, mask[None], w.sinks, scale).transpose(0, 1)
     return F.linear(out.view(t, nh * d), w.o, w.o_bias)  # [T, H]

@@ -2,6 +2,6 @@
 bias, every layer MoE."""
 from moemesh.models.minimax_m2.config import parse_config
 from moemesh.models.minimax_m2.model import MiniMaxM2ForCausalLM
-from moemesh.models.registry import ArchitectureSpec
+from moemesh.models.architecture import ArchitectureSpec
 
 ARCHITECTURE = ArchitectureSpec("MiniMaxM2ForCausalLM", parse_config, MiniMaxM2ForCausalLM)

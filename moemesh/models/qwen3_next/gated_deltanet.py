@@ -2,14 +2,15 @@
 their recurrent state (moemesh/models/recurrent_state.py).
 
 Shape legend: T tokens, H hidden, Hk key heads, Hv value heads, Dk / Dv head dims, Kd = Hk*Dk,
-Vd = Hv*Dv, C = 2Kd + Vd conv channels, K conv kernel, B decoding sequences, n prefill length.
+Vd = Hv*Dv, C = 2Kd + Vd conv channels, K conv kernel, B decoding sequences, n chunk length.
 
   in_proj   x -> q, k, v (the conv's channels), z (output gate), b, a         [2Kd+Vd | Vd | Hv | Hv]
   conv      causal depthwise conv + SiLU over q, k, v (causal_conv.py; state: last K-1 inputs)
   mixer     gated delta rule (delta_rule.py) with beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)
   out       RMSNorm(o) * silu(z) per value head (norms.py), then out_proj
-Decodes run one recurrent step each, batched; each prefill runs the chunked form from its state (zero
-at position 0). On disk Qwen3-Next groups q/k/v/z and b/a per key head (in_proj_qkvz, in_proj_ba);
+Decodes run one recurrent step each, batched; each chunk (a prompt, or a part of one in chunked
+prefill) runs the chunked form from its sequence's state: zero for a chunk at position 0, else what
+the sequence's previous chunk or step left in its slot. On disk Qwen3-Next groups q/k/v/z and b/a per key head (in_proj_qkvz, in_proj_ba);
 Qwen3.5 stores them flat (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a). Both load into one layout.
 """
 from __future__ import annotations
@@ -89,11 +90,9 @@ def split_qkv(mixed: Tensor, w: DeltaNetWeights) -> tuple[Tensor, Tensor, Tensor
             v.reshape(*lead, w.num_value_heads, w.value_head_dim))
 
 
-def gated_deltanet(
-    x: Tensor, w: DeltaNetWeights, meta: BatchMeta, state: LayerState, fresh: tuple[bool, ...]
-) -> Tensor:
+def gated_deltanet(x: Tensor, w: DeltaNetWeights, meta: BatchMeta, state: LayerState) -> Tensor:
     """x [T, H] -> [T, H]. state: this layer's slots, read for each sequence from meta.state_slots and
-    written back; fresh: per prefill, whether it starts at position 0 (its state starts from zero)."""
+    written back (a chunk at position 0 starts from zero whatever its slot holds)."""
     t = x.shape[0]
     hv, dv = w.num_value_heads, w.value_head_dim
     c = w.conv.shape[0]
@@ -111,12 +110,12 @@ def gated_deltanet(
         o, ssm = recurrent_step(*split_qkv(y, w), g[:nd], beta[:nd], state.ssm.index_select(0, ds))
         state.ssm.index_copy_(0, ds, ssm)
         out[:nd] = o
-    for i, (start, n) in enumerate(meta.prefills):
-        slot, sl = int(slots[nd + i]), slice(start, start + n)
-        conv0 = torch.zeros_like(state.conv[slot]) if fresh[i] else state.conv[slot]
+    for i, ch in enumerate(meta.chunks):
+        slot, sl, fresh = int(slots[nd + i]), slice(ch.start, ch.start + ch.length), ch.start_pos == 0
+        conv0 = torch.zeros_like(state.conv[slot]) if fresh else state.conv[slot]
         y, conv = conv_prefill(mixed[sl], w.conv, conv0)  # [n, C]
         state.conv[slot].copy_(conv)
-        ssm0 = torch.zeros_like(state.ssm[slot]) if fresh[i] else state.ssm[slot]
+        ssm0 = torch.zeros_like(state.ssm[slot]) if fresh else state.ssm[slot]
         out[sl], ssm = chunked(*split_qkv(y, w), g[sl], beta[sl], ssm0)
         state.ssm[slot].copy_(ssm)
     normed = gated_rms_norm(out.to(x.dtype), z.view(t, hv, dv), w.norm, w.norm_eps)  # [T, Hv, Dv]

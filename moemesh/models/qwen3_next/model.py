@@ -34,7 +34,7 @@ from moemesh.models.qwen3_next.norms import scaled_rms_norm, zero_centered
 from moemesh.models.recurrent_state import RecurrentStateSpec
 from moemesh.models.stages import run_to_end
 from moemesh.moe.expert_compute import ExpertCompute
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 
 
 @dataclass(frozen=True)
@@ -107,11 +107,10 @@ class Qwen3NextForCausalLM:
         eps = cfg.rms_norm_eps
         x = self.embed[meta.input_ids]  # [T, H]
         rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # [T, 1, D], shared by the attention layers
-        fresh = tuple(bool(meta.positions[start] == 0) for start, _ in meta.prefills)  # prefills from position 0
         for idx, lyr in enumerate(self.layers):
             h = scaled_rms_norm(x, lyr.input_norm, eps)
             if isinstance(lyr.mixer, DeltaNetWeights):
-                x = x + gated_deltanet(h, lyr.mixer, meta, caches[idx], fresh)
+                x = x + gated_deltanet(h, lyr.mixer, meta, caches[idx])
             else:
                 k_cache, v_cache = caches[idx]
                 x = x + gated_attention(h, lyr.mixer, meta, rope_cs, k_cache, v_cache)

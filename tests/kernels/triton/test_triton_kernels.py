@@ -53,7 +53,7 @@ def test_cuda_kernels_match():
 
 
 def test_auto_backend_is_torch_on_cpu():
-    from kernels.experts import triton_usable
+    from kernels.grouped import triton_usable
 
     x = torch.zeros(1, 4)
     assert triton_usable(x) == (os.environ.get("TRITON_INTERPRET") == "1")

@@ -1,6 +1,7 @@
 """`moemesh run` as a subprocess: JSON output, streaming, chat prompts, and one-line errors."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -92,3 +93,22 @@ def test_unknown_architecture(tmp_path):
     proc = run_cli("--model", str(tmp_path), "--prompt-ids", "1")
     assert proc.returncode != 0 and "FooForCausalLM" in proc.stderr and "MixtralForCausalLM" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_flags_are_the_contracts_and_reach_the_engine_config():
+    from moemesh.cli.main import build_parser
+    from moemesh.cli.run import RunConfig
+    from moemesh.svc_config import from_sources
+
+    ns = build_parser().parse_args([
+        "run", "--model", "m", "--prompt-ids", "1,2", "--max-new-tokens", "3", "--temperature", "0.5", "--top-p", "0.9",
+        "--top-k", "4", "--seed", "7", "--experts-dtype", "fp8", "--moe-top-k", "2", "--capacity-factor", "1.5",
+        "--dtype", "float32", "--micro-batches", "2", "--threads", "3", "--device", "cpu", "--json",
+    ])
+    cfg = from_sources(RunConfig, None, argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("command", "func")}))
+    assert cfg.engine == EngineConfig("m", dtype="float32", experts_dtype="fp8", micro_batches=2, moe_top_k=2, capacity_factor=1.5, num_threads=3)
+    assert cfg.prompt.token_ids == (1, 2) and cfg.json
+    assert cfg.prompt.sampling_params() == SamplingParams(max_new_tokens=3, temperature=0.5, top_p=0.9, top_k=4, seed=7)
+    unset = from_sources(RunConfig, None, argparse.Namespace(model_dir="m", prompt="hi"))
+    assert unset.engine.num_threads is None  # torch's thread count unless --threads
+    assert unset.prompt.sampling_params() == SamplingParams(max_new_tokens=128, temperature=0.0)

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
 from moemesh.engine import EngineConfig
 from moemesh.engine.device import DeviceReader, check_device, on_device
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.llm_engine import build_model
 from moemesh.models.batch import BatchMeta, SeqSlice
+from moemesh.models.registry import load_model_config
 
 META = torch.device("meta")
 
@@ -77,7 +77,7 @@ def test_default_device_is_cpu(tiny_ckpt):
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_every_weight_and_table_is_built_on_the_device(tiny_ckpt, arch):
     path, _ = tiny_ckpt(arch)
-    cfg = ModelConfig.from_model_dir(str(path))
+    cfg = load_model_config(str(path))
     model, experts = build_model(cfg, CheckpointReader(str(path)), torch.float32, META)
     found = list(tensors_in(model)) + list(tensors_in(experts))
     assert len(found) > 10
@@ -86,7 +86,7 @@ def test_every_weight_and_table_is_built_on_the_device(tiny_ckpt, arch):
 
 def test_cpu_build_keeps_every_tensor_on_the_cpu(tiny_ckpt):
     path, _ = tiny_ckpt("mixtral")
-    cfg = ModelConfig.from_model_dir(str(path))
+    cfg = load_model_config(str(path))
     model, experts = build_model(cfg, CheckpointReader(str(path)), torch.float32, torch.device("cpu"))
     assert {t.device.type for t in [*tensors_in(model), *tensors_in(experts)]} == {"cpu"}
 

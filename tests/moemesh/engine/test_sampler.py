@@ -1,6 +1,6 @@
 import torch
 
-from moemesh.engine.sampler import filter_logits, prompt_logprobs, sample
+from moemesh.engine.sampler import filter_logits, sample, target_logprobs, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
 
 
@@ -33,8 +33,18 @@ def test_seeded_sampling_is_reproducible_and_row_independent():
     assert with_neighbours[2] == alone[0]
 
 
-def test_prompt_logprobs_shape():
-    logits = torch.randn(4, 10)
-    out = prompt_logprobs(logits, [1, 2, 3, 4])
-    assert out[0] is None and len(out) == 4
-    assert out[1] == torch.log_softmax(logits[0], -1)[2].item()
+def test_target_logprobs_pick_each_rows_target():
+    logits = torch.randn(3, 10)
+    out = target_logprobs(logits, [2, 3, 9])
+    assert len(out) == 3
+    assert out == [torch.log_softmax(logits[i], -1)[t].item() for i, t in enumerate([2, 3, 9])]
+
+
+def test_top_logprobs_per_row():
+    logits = torch.tensor([[0.0, 3.0, 1.0, -1.0], [2.0, 0.0, 0.5, 0.0]])
+    lp = torch.log_softmax(logits, -1)
+    out = top_logprobs(logits, [2, 0])
+    assert [t for t, _ in out[0]] == [1, 2] and out[1] is None
+    torch.testing.assert_close(torch.tensor([v for _, v in out[0]]), lp[0, [1, 2]])
+    assert top_logprobs(logits, [0, 0]) == [None, None]
+    assert len(top_logprobs(logits, [9, 1])[0]) == 4  # at most the vocabulary

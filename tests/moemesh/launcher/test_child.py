@@ -117,7 +117,13 @@ def test_serve_argv_skips_unset_flags():
     assert argv[1:] == ["-m", "moemesh.cli.main", "serve", "expert", "--model-dir", "/m", "--control-addr", "h:1"]
 
 
-@pytest.mark.parametrize("kw", [{"expert_servers": 0}, {"attention_replicas": 0}, {"transport": "tcp"}, {"port": 70000}])
+def test_serve_argv_writes_bools_as_switches():
+    argv = serve_argv("attention", {"prefix_cache": False, "pack": True, "model_dir": "/m"})
+    assert argv[5:] == ["--no-prefix-cache", "--pack", "--model-dir", "/m"]
+
+
+@pytest.mark.parametrize("kw", [{"expert_servers": 0}, {"attention_replicas": 0}, {"transport": "tcp"}, {"port": 70000},
+                                {"max_num_batched_tokens": -1}])
 def test_mesh_spec_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         MeshSpec(model_dir="/m", **kw)

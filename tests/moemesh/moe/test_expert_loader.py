@@ -3,7 +3,7 @@ import torch
 from safetensors import safe_open
 
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
+from moemesh.models.registry import load_model_config
 from moemesh.moe.expert_loader import load_expert_weights
 
 
@@ -13,7 +13,7 @@ from moemesh.moe.expert_loader import load_expert_weights
 )
 def test_experts_stacked_in_requested_order(tiny_ckpt, arch, names):
     path, _ = tiny_ckpt(arch)
-    cfg, reader = ModelConfig.from_model_dir(path), CheckpointReader(path)
+    cfg, reader = load_model_config(path), CheckpointReader(path)
     order = [5, 1, 6]
     w = load_expert_weights(reader, cfg, 1, order, torch.float32)
     inter = cfg.moe_intermediate_size
@@ -30,7 +30,7 @@ def test_experts_stacked_in_requested_order(tiny_ckpt, arch, names):
 
 def test_dtype_and_experts_dtype(tiny_ckpt):
     path, _ = tiny_ckpt("mixtral")
-    cfg, reader = ModelConfig.from_model_dir(path), CheckpointReader(path)
+    cfg, reader = load_model_config(path), CheckpointReader(path)
     w = load_expert_weights(reader, cfg, 0, [0, 1], torch.bfloat16)
     assert w.gate_up.dtype == torch.bfloat16
     plain = load_expert_weights(reader, cfg, 0, [0, 1], torch.float32)
@@ -40,7 +40,7 @@ def test_dtype_and_experts_dtype(tiny_ckpt):
 
 def test_bad_requests(tiny_ckpt):
     path, _ = tiny_ckpt("qwen3_moe", mlp_only_layers=[0])
-    cfg, reader = ModelConfig.from_model_dir(path), CheckpointReader(path)
+    cfg, reader = load_model_config(path), CheckpointReader(path)
     with pytest.raises(ValueError, match="expert_ids"):
         load_expert_weights(reader, cfg, 1, [8], torch.float32)
     with pytest.raises(ValueError, match="layer 0 is not a MoE layer"):

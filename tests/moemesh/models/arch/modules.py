@@ -6,6 +6,7 @@ import torch
 
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta, SeqSlice
+from moemesh.models.registry import parse_model_config
 
 
 class DictReader:
@@ -27,7 +28,7 @@ class DictReader:
 def model_config(hf_config) -> ModelConfig:
     raw = hf_config.to_dict()
     raw["architectures"] = [hf_config.architectures[0]] if hf_config.architectures else [ARCH[hf_config.model_type]]
-    return ModelConfig.from_dicts(raw)
+    return parse_model_config(raw)
 
 
 ARCH = {"deepseek_v3": "DeepseekV3ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}

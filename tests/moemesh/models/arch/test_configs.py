@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from moemesh.config import ConfigError, ModelConfig
+from moemesh.config import ConfigError
 from moemesh.models.deepseek_v3.config import GroupedGateConfig, MLAConfig
 from moemesh.models.glm4_moe.config import rotary_dim
+from moemesh.models.registry import parse_model_config
 from tests.moemesh.models.arch.reference import tiny_config
 
 
@@ -17,7 +18,7 @@ def raw(arch: str, name: str, **overrides) -> dict:
 
 
 def test_deepseek_fields():
-    cfg = ModelConfig.from_dicts(raw("deepseek_v3", "DeepseekV3ForCausalLM", first_k_dense_replace=2))
+    cfg = parse_model_config(raw("deepseek_v3", "DeepseekV3ForCausalLM", first_k_dense_replace=2))
     mla = MLAConfig.from_raw(cfg.raw)
     assert (cfg.num_kv_heads, cfg.head_dim) == (1, (mla.kv_lora_rank + mla.qk_rope_head_dim + 1) // 2)
     assert cfg.moe_layers == (2,) and cfg.num_experts == 16 and cfg.top_k == 4
@@ -30,23 +31,23 @@ def test_kimi_k2_style_config_with_rope_scaling():
             rope_scaling={"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
                           "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
     d.pop("rope_parameters")
-    mla = MLAConfig.from_raw(ModelConfig.from_dicts(d).raw)
+    mla = MLAConfig.from_raw(parse_model_config(d).raw)
     assert mla.rope["rope_type"] == "yarn" and mla.rope["rope_theta"] == 50000.0 and mla.rope["factor"] == 32.0
 
 
 def test_softmax_scoring_is_refused():
     with pytest.raises(ConfigError, match="scoring_func"):
-        ModelConfig.from_dicts(raw("deepseek_v3", "DeepseekV3ForCausalLM", scoring_func="softmax"))
+        parse_model_config(raw("deepseek_v3", "DeepseekV3ForCausalLM", scoring_func="softmax"))
 
 
 def test_glm_partial_rotary_defaults_to_half():
     d = raw("glm4_moe", "Glm4MoeForCausalLM")
     d["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    assert rotary_dim(ModelConfig.from_dicts(d)) == 8  # head_dim 16
+    assert rotary_dim(parse_model_config(d)) == 8  # head_dim 16
 
 
 def test_glm_odd_rotary_dims_are_refused():
     d = raw("glm4_moe", "Glm4MoeForCausalLM")
     d["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.3125}
     with pytest.raises(ConfigError, match="partial_rotary_factor"):
-        ModelConfig.from_dicts(d)
+        parse_model_config(d)

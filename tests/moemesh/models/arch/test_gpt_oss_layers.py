@@ -14,6 +14,7 @@ from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from moemesh.models.gpt_oss.experts import load_gpt_oss_experts
 from moemesh.models.gpt_oss.router import topk_softmax_router
 from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_attention
+from moemesh.models.registry import parse_model_config
 from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta
 from tests.moemesh.models.arch.reference import tiny_config
 
@@ -76,7 +77,9 @@ def test_fused_experts_match_transformers():
         for i, e in enumerate(picked):  # each picked expert alone, weight 1
             ref = experts(x, torch.full((6, 1), e), torch.ones(6, 1))
             got = grouped_expert_mlp(x, torch.tensor([i]), torch.tensor([6]), w)
-            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+            # outputs reach ~100: float32 summation order alone moves them by ~2e-5 (transformers itself
+            # is that far from a float64 evaluation), so the tolerance is float rounding at that scale
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -89,4 +92,4 @@ def test_unsupported_config_names_the_field(bad, field):
     from moemesh.config import ModelConfig
 
     with pytest.raises(ConfigError, match=field):
-        ModelConfig.from_dicts(raw)
+        parse_model_config(raw)

@@ -12,8 +12,8 @@ import transformers as tf
 
 from kernels.formats import FP8BlockExperts, MXFP4Experts, NVFP4Experts
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
 from moemesh.engine.sampling_params import SamplingParams
+from moemesh.models.registry import load_model_config
 from tests.moemesh.models.arch.conftest import NATIVE
 from tests.moemesh.models.arch.engine_helpers import make_engine
 from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, prompt_logprobs
@@ -28,7 +28,7 @@ KIND = {"fp8": FP8BlockExperts, "nvfp4": NVFP4Experts, "mxfp4": MXFP4Experts}
 @pytest.fixture(scope="module")
 def quantized(native_checkpoint):
     fmt, qdir, deq_dir, model, src = native_checkpoint
-    cfg, reader = ModelConfig.from_model_dir(qdir), CheckpointReader(qdir)
+    cfg, reader = load_model_config(qdir), CheckpointReader(qdir)
     engine = make_engine(qdir)
     params = SamplingParams(max_new_tokens=32, temperature=0.0, prompt_logprobs=True, ignore_eos=True)
     result = engine.generate([PROMPT], params)[0]
@@ -39,7 +39,7 @@ def quantized(native_checkpoint):
 def test_experts_are_served_as_stored(quantized):
     cfg, reader, experts = quantized["cfg"], quantized["reader"], quantized["experts"]
     layer = cfg.moe_layers[-1]
-    w = experts.weights[layer]
+    w = experts.layers[layer].weights
     assert isinstance(w.gate_up, quantized["kind"]) and isinstance(w.down, quantized["kind"])
     e, inter = 3, cfg.moe_intermediate_size
     p = f"model.layers.{layer}.mlp.experts"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import transformers as tf
 
-from moemesh.config import ConfigError, ModelConfig
+from moemesh.config import ConfigError
+from moemesh.models.registry import parse_model_config
 from moemesh.models.deepseek_v32.config import DSAConfig, glm_indexer_types, mla_config
 from tests.moemesh.models.tiny_families import tiny_config
 
@@ -17,7 +18,7 @@ def raw(name: str, arch: str, **overrides) -> dict:
 
 
 def test_slot_holds_latent_and_indexer_key():
-    cfg = ModelConfig.from_dicts(raw("deepseek_v32", "DeepseekV32ForCausalLM"))
+    cfg = parse_model_config(raw("deepseek_v32", "DeepseekV32ForCausalLM"))
     assert (cfg.num_kv_heads, cfg.head_dim) == (1, (24 + 8 + 16 + 1) // 2)
     dsa = DSAConfig.from_model_config(cfg)
     assert (dsa.index_topk, dsa.index_head_dim, dsa.index_n_heads, dsa.interleaved_rope) == (8, 16, 16, False)
@@ -36,20 +37,20 @@ def test_glm_indexer_schedule_matches_transformers(kw):
 
 
 def test_mlp_layer_types_choose_the_dense_layers():
-    cfg = ModelConfig.from_dicts(raw("deepseek_v32_plain", "DeepseekV32ForCausalLM"))
+    cfg = parse_model_config(raw("deepseek_v32_plain", "DeepseekV32ForCausalLM"))
     assert cfg.moe_layers == (0, 2)
 
 
 def test_dsa_without_q_lora_is_refused():
     with pytest.raises(ConfigError, match="q_lora_rank"):
-        ModelConfig.from_dicts(raw("deepseek_v32", "DeepseekV32ForCausalLM", q_lora_rank=None))
+        parse_model_config(raw("deepseek_v32", "DeepseekV32ForCausalLM", q_lora_rank=None))
 
 
 def test_a_shared_first_layer_is_refused():
     with pytest.raises(ConfigError, match="indexer_types"):
-        ModelConfig.from_dicts(raw("glm_moe_dsa", "GlmMoeDsaForCausalLM", indexer_types=["shared", "full", "full", "full"]))
+        parse_model_config(raw("glm_moe_dsa", "GlmMoeDsaForCausalLM", indexer_types=["shared", "full", "full", "full"]))
 
 
 def test_index_head_dim_below_rope_dims_is_refused():
     with pytest.raises(ConfigError, match="index_head_dim"):
-        ModelConfig.from_dicts(raw("deepseek_v32", "DeepseekV32ForCausalLM", index_head_dim=4))
+        parse_model_config(raw("deepseek_v32", "DeepseekV32ForCausalLM", index_head_dim=4))

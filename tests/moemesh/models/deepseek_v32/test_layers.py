@@ -9,7 +9,7 @@ import transformers as tf
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as ds
 from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
 
-from moemesh.config import ModelConfig
+from moemesh.models.registry import parse_model_config
 from moemesh.engine.kv_cache import KVCache
 from moemesh.models.deepseek_v3.mla import LatentCache, mla_attention
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
@@ -44,7 +44,7 @@ def build(family: str):
             p.copy_(1 + 0.1 * torch.randn_like(p)) if name.endswith("norm.weight") else p.normal_(0, 0.1)
     raw = hf.to_dict()
     raw["architectures"] = [arch]
-    cfg = ModelConfig.from_dicts(raw)
+    cfg = parse_model_config(raw)
     model = DeepseekV32ForCausalLM.__new__(DeepseekV32ForCausalLM)  # only the attention loader is used
     model.cfg, model.dtype, model.dsa, model.mla = cfg, torch.float32, DSAConfig.from_model_config(cfg), mla_config(raw)
     w = model.load_attention(DictReader(attn.state_dict(), "a."), "a", 0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from moemesh.config import ConfigError, ModelConfig
+from moemesh.config import ConfigError
+from moemesh.models.registry import parse_model_config
 from moemesh.engine.sampling_params import SamplingParams
 from moemesh.models.deepseek_v3.model import DeepseekV3ForCausalLM
 from tests.moemesh.models.arch.engine_helpers import make_engine
@@ -35,10 +36,10 @@ def raw(**overrides) -> dict:
 
 def test_config_is_the_text_model_with_the_media_tokens():
     d = raw(image_token_id=300, video_token_id=301, tie_word_embeddings=False)
-    cfg = ModelConfig.from_dicts(d)
+    cfg = parse_model_config(d)
     assert cfg.architecture == "KimiK25ForConditionalGeneration"
     assert (cfg.num_layers, cfg.num_experts, cfg.media_token_ids, cfg.tie_word_embeddings) == (3, 16, (300, 301), False)
-    assert ModelConfig.from_dicts(raw()).tie_word_embeddings  # transformers' Kimi_K25Config ties by default
+    assert parse_model_config(raw()).tie_word_embeddings  # transformers' Kimi_K25Config ties by default
 
 
 def test_media_placeholder_in_a_prompt_is_refused_in_vocabulary(tmp_path):
@@ -60,7 +61,7 @@ def test_media_placeholder_in_a_prompt_is_refused_in_vocabulary(tmp_path):
 def test_int4_compressed_tensors_checkpoint_is_refused():
     d = raw(quantization_config={"quant_method": "compressed-tensors", "format": "pack-quantized"})
     with pytest.raises(ConfigError, match="quantization_config"):
-        ModelConfig.from_dicts(d)
+        parse_model_config(d)
 
 
 def test_public_api_carries_no_images():

@@ -8,7 +8,7 @@ import torch
 import transformers as tf
 from transformers.models.minimax_m2 import modeling_minimax_m2 as mm
 
-from moemesh.config import ModelConfig
+from moemesh.models.registry import parse_model_config
 from moemesh.engine.kv_cache import KVCache
 from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
 from moemesh.models.minimax_m2.attention import MiniMaxAttention
@@ -23,7 +23,7 @@ def config(**kw):
     hf._attn_implementation = "eager"
     raw = hf.to_dict()
     raw["architectures"] = ["MiniMaxM2ForCausalLM"]
-    return hf, ModelConfig.from_dicts(raw)
+    return hf, parse_model_config(raw)
 
 
 @pytest.mark.parametrize("rot", [4, 8, 16])

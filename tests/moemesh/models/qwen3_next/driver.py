@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 import torch
 
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
+from moemesh.models.registry import load_model_config
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.recurrent_state import RecurrentStateStore
 from moemesh.models.batch import BatchMeta, SeqSlice
 from moemesh.models.registry import get_architecture
-from moemesh.moe.knobs import MoeKnobs
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.moe.local_experts import LocalExperts
 
 BLOCK = 4
@@ -32,7 +32,7 @@ class Seq:
 class Driver:
     def __init__(self, path, dtype: torch.dtype = torch.float32, num_blocks: int = 128, num_slots: int = 3) -> None:
         torch.set_num_threads(1)  # as LLMEngine does by default
-        cfg = ModelConfig.from_model_dir(path)
+        cfg = load_model_config(path)
         reader = CheckpointReader(path)
         self.cfg = cfg
         self.model = get_architecture(cfg.architecture).model_class(cfg, reader, dtype)

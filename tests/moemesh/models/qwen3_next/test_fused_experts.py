@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from moemesh.checkpoint import CheckpointReader
-from moemesh.config import ModelConfig
+from moemesh.models.registry import load_model_config
 from moemesh.moe.expert_loader import load_expert_weights
 from tests.moemesh.models.arch.reference import assert_logprobs_close
 from tests.moemesh.models.qwen3_next.driver import Driver
@@ -43,7 +43,7 @@ def fuse_experts(src, dst):
 def test_fused_experts_load_and_serve_as_per_expert_ones(family_checkpoint, tmp_path):
     path, _, expected = family_checkpoint
     fused = fuse_experts(path, tmp_path / "fused")
-    cfg = ModelConfig.from_model_dir(fused)
+    cfg = load_model_config(fused)
     for layer in cfg.moe_layers:
         a = load_expert_weights(CheckpointReader(path), cfg, layer, [5, 1, 9], torch.float32)
         b = load_expert_weights(CheckpointReader(fused), cfg, layer, [5, 1, 9], torch.float32)

@@ -13,6 +13,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as qn
 
 from kernels import ExpertWeights
 from moemesh.config import ModelConfig
+from moemesh.models.registry import parse_model_config
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.recurrent_state import RecurrentStateStore
 from moemesh.models.batch import BatchMeta, SeqSlice
@@ -26,7 +27,7 @@ from moemesh.models.qwen3_next.gated_deltanet import gated_deltanet, load_deltan
 from moemesh.models.qwen3_next.moe import load_sparse_moe, sparse_moe_block
 from moemesh.models.recurrent_state import RecurrentStateSpec
 from moemesh.models.stages import run_to_end
-from moemesh.moe.knobs import LayerKnobs
+from moemesh.contracts.knobs import LayerKnobs
 from moemesh.moe.local_experts import LocalExperts
 from tests.moemesh.models.arch.modules import DictReader, causal_mask
 
@@ -50,7 +51,7 @@ def setup(family: str, **kw):
     hf._attn_implementation = "eager"
     raw = hf.to_dict()
     raw["architectures"] = [arch]
-    return hf, ModelConfig.from_dicts(raw)
+    return hf, parse_model_config(raw)
 
 
 def randomized(module):

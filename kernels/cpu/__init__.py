@@ -1,0 +1,2 @@
+"""The compiled CPU expert kernels (a torch C++ extension, AVX-512 or AVX2, chosen at run time):
+`moe_mlp_cpu` runs the routed expert MLP over weights read in place in their stored format."""

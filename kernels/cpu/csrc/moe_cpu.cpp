@@ -1,0 +1,261 @@
+// Torch binding of the CPU expert kernels: the routed expert MLP (gather, gate/up GEMM with its
+// activation, down GEMM, weighted float32 combine) over weights read in place in their stored format.
+// The work of each GEMM is split by output columns over torch's intra-op thread pool
+// (at::parallel_for), so every thread streams its own share of each selected expert's weights.
+//
+// Shape legend: T tokens, H hidden, N rows (token-expert pairs) grouped by expert, G experts in the
+// call, I intermediate, KP a reduction dim padded to 32.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "api.h"
+
+namespace moemesh_cpu {
+namespace {
+
+struct Isa {
+  void (*matmul)(const Weights&, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+  void (*activation)(int, const float*, const float*, float*, int64_t);
+  void (*prepare_row)(int, const float*, int64_t, float*);
+};
+
+constexpr int GATE_BLOCK = 32;  // gate columns (and their up columns) per work item
+constexpr int DOWN_BLOCK = 32;  // hidden columns per work item
+
+bool supports(const std::string& variant) {
+#ifdef MOEMESH_X86_KERNELS
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (variant == "avx2") return avx2;
+  if (variant == "avx512")
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+  (void)variant;
+  return false;
+}
+
+Isa isa_for(const std::string& variant) {
+  TORCH_CHECK(supports(variant), "variant: ", variant, " is not supported by this CPU or build");
+#ifdef MOEMESH_X86_KERNELS
+  if (variant == "avx512") return {avx512::matmul, avx512::activation, avx512::prepare_row};
+  return {avx2::matmul, avx2::activation, avx2::prepare_row};
+#else
+  return {nullptr, nullptr, nullptr};
+#endif
+}
+
+// ints: fmt, k, seg_rows, per_seg, qbn, qbk. data [E, N, *]; scale [E, *, *] (or empty); scale2 [E, S] (or empty).
+Weights weights_of(const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
+                   const at::Tensor& scale2) {
+  TORCH_CHECK(ints.size() == 6, "weights: expected 6 ints");
+  TORCH_CHECK(data.dim() == 3 && data.stride(2) == 1, "weights: data must be [E, N, *] with unit stride in the last dim");
+  Weights w{};
+  w.fmt = int(ints[0]);
+  w.data = data.data_ptr();
+  w.sd_e = data.stride(0);
+  w.sd_n = data.stride(1);
+  if (scale.defined() && scale.numel()) {
+    TORCH_CHECK(scale.dim() == 3 && scale.stride(2) == 1, "weights: scale must be [E, *, *] with unit last stride");
+    w.scale = scale.data_ptr();
+    w.ss_e = scale.stride(0);
+    w.ss_r = scale.stride(1);
+  }
+  if (scale2.defined() && scale2.numel()) {
+    TORCH_CHECK(scale2.dim() == 2 && scale2.stride(1) == 1 && scale2.scalar_type() == at::kFloat, "weights: scale2 must be [E, S] float32");
+    w.scale2 = scale2.data_ptr<float>();
+    w.s2_e = scale2.stride(0);
+  }
+  w.k = ints[1];
+  w.seg_rows = ints[2];
+  w.per_seg = ints[3];
+  w.qbn = ints[4];
+  w.qbk = ints[5];
+  return w;
+}
+
+// Row j of bias [E, M] for expert e as float32 (float32 or bfloat16 storage); zeros when absent.
+void bias_into(const c10::optional<at::Tensor>& bias, int64_t e, int64_t j0, int64_t n, float* out) {
+  if (!bias.has_value()) {
+    std::fill(out, out + n, 0.f);
+    return;
+  }
+  const at::Tensor& b = *bias;
+  if (b.scalar_type() == at::kFloat) {
+    const float* p = b.data_ptr<float>() + e * b.stride(0) + j0;
+    std::copy(p, p + n, out);
+  } else {
+    const c10::BFloat16* p = b.data_ptr<c10::BFloat16>() + e * b.stride(0) + j0;
+    for (int64_t i = 0; i < n; ++i) out[i] = float(p[i]);
+  }
+}
+
+float round_bf16(float v) { return float(c10::BFloat16(v)); }
+
+// Split items [0, costs.size()) into `parts` contiguous ranges of about equal summed cost.
+std::vector<int64_t> split_by_cost(const std::vector<int64_t>& costs, int64_t parts) {
+  int64_t total = 0;
+  for (int64_t c : costs) total += c;
+  std::vector<int64_t> bounds(parts + 1, int64_t(costs.size()));
+  bounds[0] = 0;
+  int64_t acc = 0, part = 1;
+  for (size_t i = 0; i < costs.size() && part < parts; ++i) {
+    acc += costs[i];
+    while (part < parts && acc * parts >= total * part) bounds[part++] = int64_t(i) + 1;
+  }
+  return bounds;
+}
+
+// x [T, H] float32/bfloat16; token_idx [N] int64; row_weight [N] float32; expert_idx [G] int64;
+// counts [G] int64 -> [T, H] float32 (the caller casts to x's dtype).
+at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::Tensor& row_weight,
+                   const at::Tensor& expert_idx, const at::Tensor& counts,
+                   const std::vector<int64_t>& gu_ints, const at::Tensor& gu_data, const at::Tensor& gu_scale,
+                   const at::Tensor& gu_scale2, const c10::optional<at::Tensor>& gu_bias,
+                   const std::vector<int64_t>& dn_ints, const at::Tensor& dn_data, const at::Tensor& dn_scale,
+                   const at::Tensor& dn_scale2, const c10::optional<at::Tensor>& dn_bias,
+                   int64_t act, int64_t inter, const std::string& variant) {
+  const Isa isa = isa_for(variant);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x: expected a contiguous [T, H] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: float32 or bfloat16");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const Weights gu = weights_of(gu_ints, gu_data, gu_scale, gu_scale2);
+  const Weights dn = weights_of(dn_ints, dn_data, dn_scale, dn_scale2);
+  const int64_t T = x.size(0), H = x.size(1), N = token_idx.numel(), G = expert_idx.numel();
+  const int64_t* tok = token_idx.data_ptr<int64_t>();
+  const float* rw = row_weight.data_ptr<float>();
+  const int64_t* ex = expert_idx.data_ptr<int64_t>();
+  const int64_t* cnt = counts.data_ptr<int64_t>();
+  const int64_t E = gu_data.size(0);
+  TORCH_CHECK_VALUE(dn_data.size(0) == E, "down: expected ", E, " experts");
+  std::vector<int64_t> start(G + 1, 0);
+  for (int64_t g = 0; g < G; ++g) {
+    TORCH_CHECK_VALUE(cnt[g] >= 0, "counts: must be non-negative");
+    TORCH_CHECK_VALUE(ex[g] >= 0 && ex[g] < E, "expert_idx: indices must lie in [0, ", E, ")");
+    start[g + 1] = start[g] + cnt[g];
+  }
+  TORCH_CHECK_VALUE(start[G] == N, "counts: must sum to N=", N);
+  TORCH_CHECK_VALUE(row_weight.numel() == N, "row_weight: expected ", N, " values");
+  for (int64_t r = 0; r < N; ++r) TORCH_CHECK_VALUE(tok[r] >= 0 && tok[r] < T, "token_idx: indices must lie in [0, ", T, ")");
+  at::Tensor out = at::zeros({T, H}, x.options().dtype(at::kFloat));
+  if (N == 0) return out;
+  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
+
+  // Gather: each row's token, as float32 in the gate_up format's layout.
+  const int64_t kh = padded_k(H), ki = padded_k(inter);
+  std::vector<float> xg(N * kh), h(N * inter), hp(N * ki);
+  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(H);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = tok[r];
+      if (bf16) {
+        const c10::BFloat16* p = x.data_ptr<c10::BFloat16>() + t * H;
+        for (int64_t i = 0; i < H; ++i) row[i] = float(p[i]);
+      } else {
+        std::copy(x.data_ptr<float>() + t * H, x.data_ptr<float>() + (t + 1) * H, row.begin());
+      }
+      isa.prepare_row(gu.fmt, row.data(), H, xg.data() + r * kh);
+    }
+  });
+
+  // gate_up with the activation: work items (expert, block of gate columns), balanced by cost.
+  struct Item { int64_t g, c0, c1; };
+  std::vector<Item> items;
+  std::vector<int64_t> costs;
+  for (int64_t g = 0; g < G; ++g) {
+    if (cnt[g] == 0) continue;
+    for (int64_t c0 = 0; c0 < inter; c0 += GATE_BLOCK) {
+      items.push_back({g, c0, std::min(inter, c0 + GATE_BLOCK)});
+      costs.push_back(8 + cnt[g]);  // weight streaming, plus work per row
+    }
+  }
+  const std::vector<int64_t> bounds = split_by_cost(costs, nt);
+  at::parallel_for(0, nt, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> gbuf, ubuf, bias(2 * GATE_BLOCK);
+    for (int64_t p = p0; p < p1; ++p) {
+      for (int64_t it = bounds[p]; it < bounds[p + 1]; ++it) {
+        const Item& item = items[it];
+        const int64_t m = cnt[item.g], r0 = start[item.g], e = ex[item.g], nc = item.c1 - item.c0;
+        gbuf.resize(m * nc);
+        ubuf.resize(m * nc);
+        isa.matmul(gu, e, item.c0, item.c1, xg.data() + r0 * kh, m, kh, gbuf.data(), nc);
+        isa.matmul(gu, e, inter + item.c0, inter + item.c1, xg.data() + r0 * kh, m, kh, ubuf.data(), nc);
+        bias_into(gu_bias, e, item.c0, nc, bias.data());
+        bias_into(gu_bias, e, inter + item.c0, nc, bias.data() + nc);
+        for (int64_t i = 0; i < m; ++i) {
+          float* gr = gbuf.data() + i * nc;
+          float* ur = ubuf.data() + i * nc;
+          for (int64_t j = 0; j < nc; ++j) {
+            gr[j] += bias[j];
+            ur[j] += bias[nc + j];
+            if (bf16) {  // the bfloat16 reference rounds the projection (and bias sum) to bfloat16
+              gr[j] = round_bf16(gr[j]);
+              ur[j] = round_bf16(ur[j]);
+            }
+          }
+          float* hr = h.data() + (r0 + i) * inter + item.c0;
+          isa.activation(int(act), gr, ur, hr, nc);
+          if (bf16)
+            for (int64_t j = 0; j < nc; ++j) hr[j] = round_bf16(hr[j]);
+        }
+      }
+    }
+  });
+
+  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) isa.prepare_row(dn.fmt, h.data() + r * inter, inter, hp.data() + r * ki);
+  });
+
+  // down with the weighted combine: work items are blocks of hidden columns, each over every expert,
+  // so each thread owns its columns of `out` (no two threads add to the same element).
+  const int64_t blocks = (H + DOWN_BLOCK - 1) / DOWN_BLOCK;
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, blocks, (blocks + nt - 1) / nt, [&](int64_t b0, int64_t b1) {
+    std::vector<float> ybuf, bias(DOWN_BLOCK);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t c0 = b * DOWN_BLOCK, c1 = std::min(H, c0 + DOWN_BLOCK), nc = c1 - c0;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t m = cnt[g], r0 = start[g], e = ex[g];
+        if (m == 0) continue;
+        ybuf.resize(m * nc);
+        isa.matmul(dn, e, c0, c1, hp.data() + r0 * ki, m, ki, ybuf.data(), nc);
+        bias_into(dn_bias, e, c0, nc, bias.data());
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t r = r0 + i;
+          float* orow = o + tok[r] * H + c0;
+          const float wgt = rw[r];
+          const float* y = ybuf.data() + i * nc;
+          for (int64_t j = 0; j < nc; ++j) {
+            const float v = y[j] + bias[j];
+            orow[j] += wgt * (bf16 ? round_bf16(v) : v);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+std::vector<std::string> variants() {
+  std::vector<std::string> out;
+  for (const char* v : {"avx512", "avx2"})
+    if (supports(v)) out.emplace_back(v);
+  return out;
+}
+
+}  // namespace
+}  // namespace moemesh_cpu
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "moemesh CPU expert kernels";
+  m.def("variants", &moemesh_cpu::variants, "kernel variants this CPU runs, best first");
+  // the GIL is released while the kernels run (as torch's own ops do), so other Python threads go on
+  m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format",
+        py::call_guard<py::gil_scoped_release>());
+}

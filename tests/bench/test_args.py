@@ -1,0 +1,75 @@
+"""Argument parsing of the benchmarks (their runs are the lead's, on a quiet machine)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import engine_vs_llamacpp, engine_vs_transformers, gateway_vs_router, mesh_vs_engine
+
+
+def test_engine_vs_transformers_defaults_and_lists():
+    cfg = engine_vs_transformers.parse_args([])
+    assert cfg.shape == "demo" and cfg.model is None
+    assert cfg.dtypes == ("float32", "bfloat16") and cfg.experts_dtypes == ("bf16", "fp8", "mxfp4", "nvfp4")
+    assert (cfg.concurrent, cfg.threads, cfg.pack_experts) == (16, 1, None)
+    cfg = engine_vs_transformers.parse_args(["--shape", "qwen3-sparse", "--dtypes", "bfloat16", "--experts-dtypes", "",
+                                             "--pack-experts", "off", "--new-tokens", "8"])
+    assert (cfg.shape, cfg.dtypes, cfg.experts_dtypes, cfg.pack_experts, cfg.new_tokens) == ("qwen3-sparse", ("bfloat16",), (), False, 8)
+    assert engine_vs_transformers.parse_args(["--experts-dtypes", "mxfp4, nvfp4"]).experts_dtypes == ("mxfp4", "nvfp4")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shape", "llama"], "invalid choice"),
+    (["--dtypes", "float16"], "unknown value 'float16'"),
+    (["--experts-dtypes", "int4"], "unknown value 'int4'"),
+    (["--new-tokens", "1"], "--new-tokens must be >= 2"),
+    (["--concurrent", "0"], "--concurrent must be >= 1"),
+])
+def test_engine_vs_transformers_rejects(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        engine_vs_transformers.parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_mesh_vs_engine_defaults_and_lists():
+    ns = mesh_vs_engine.parse_args([])
+    assert (ns.shape, ns.concurrency, ns.requests_per_stream, ns.transports, ns.expert_servers) == ("demo", (1, 16), 2, ("grpc", "dist"), 2)
+    ns = mesh_vs_engine.parse_args(["--shape", "qwen3-sparse", "--concurrency", "16", "--transports", "grpc", "--json"])
+    assert (ns.shape, ns.concurrency, ns.transports, ns.json) == ("qwen3-sparse", (16,), ("grpc",), True)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--concurrency", "0,16"], "integers >= 1"),
+    (["--concurrency", "a"], "comma-separated integers"),
+    (["--transports", "tcp"], "--transports"),
+    (["--rounds", "0"], "--rounds >= 1"),
+    (["--shape", "nope"], "invalid choice"),
+])
+def test_mesh_vs_engine_rejects(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        mesh_vs_engine.parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_engine_vs_llamacpp_args(tmp_path, capsys):
+    a = engine_vs_llamacpp.parse_args([])
+    assert (a.shape, a.threads, a.llama_4bit, a.sdist, a.new_tokens) == ("qwen3-sparse", 2, "mxfp4", None, 64)
+    sdist = tmp_path / "llama_cpp_python-0.0.0.tar.gz"
+    sdist.write_bytes(b"")
+    a = engine_vs_llamacpp.parse_args(["--llama-4bit", "q4_0", "--sdist", str(sdist), "--shape", "qwen3-sparse-tiny"])
+    assert (a.llama_4bit, a.sdist, a.shape) == ("q4_0", Path(sdist), "qwen3-sparse-tiny")
+    for argv, message in ((["--sdist", str(tmp_path / "missing.tar.gz")], "no such file"), (["--llama-4bit", "q8_0"], "invalid choice"),
+                          (["--threads", "0"], "--threads >= 1")):
+        with pytest.raises(SystemExit):
+            engine_vs_llamacpp.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_gateway_vs_router_defaults_and_rejects(capsys):
+    ns = gateway_vs_router.parse_args([])
+    assert (ns.shape, ns.model, ns.concurrency, ns.rounds, ns.expert_servers) == ("demo", None, 16, 3, 2)
+    assert gateway_vs_router.parse_args(["--shape", "qwen3-sparse", "--rounds", "1"]).shape == "qwen3-sparse"
+    with pytest.raises(SystemExit) as e:
+        gateway_vs_router.parse_args(["--rounds", "0"])
+    assert e.value.code == 2 and "--rounds >= 1" in capsys.readouterr().err

@@ -1,0 +1,193 @@
+"""The compiled CPU kernels (kernels.cpu) against the reference path (dequantize, then torch matmuls),
+for every weight format, both compute dtypes and every variant this machine runs."""
+import warnings
+
+import pytest
+import torch
+
+from kernels import ExpertWeights, grouped_expert_mlp, moe_mlp, prepare_experts
+from kernels.cpu import build
+from kernels.cpu.moe_mlp_cpu import MAX_ROWS_PER_EXPERT, compiled_runs, moe_mlp_cpu
+from kernels.cpu.variant import VARIANT_ENV, available_variants, selected_variant
+from kernels.experts import apply_activation, dequantized
+from kernels.formats import quantize_fp8_block
+
+FORMATS = ["f32", "bf16", "fp8", "mxfp4", "nvfp4"]
+VARIANTS = ["avx512", "avx2"]
+
+
+def variant_or_skip(variant: str) -> str:
+    if variant not in available_variants():
+        pytest.skip(f"the {variant} kernels do not run here (available: {available_variants()})")
+    return variant
+
+
+def weights(fmt, dtype, h, i, activation="silu", bias=False, e=6, seed=0):
+    """Experts in `fmt` for compute in `dtype`: "f32" keeps float32 weights, "bf16" stores bfloat16."""
+    g = torch.Generator().manual_seed(seed)
+    dense = ExpertWeights(
+        torch.randn(e, 2 * i, h, generator=g) * 0.2,
+        torch.randn(e, h, i, generator=g) * 0.2,
+        torch.randn(e, 2 * i, generator=g) * 0.1 if bias else None,
+        torch.randn(e, h, generator=g) * 0.1 if bias else None,
+        activation,
+    )
+    if fmt == "f32":
+        return dense
+    w = prepare_experts(dense, fmt, dtype)
+    if fmt == "bf16":
+        w = ExpertWeights(w.gate_up.to(torch.bfloat16), w.down.to(torch.bfloat16), w.gate_up_bias, w.down_bias, activation)
+    return w
+
+
+def routing(t, counts, seed=0):
+    """token_idx [N] (tokens repeat across experts), row_weight [N] for rows grouped as `counts`."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(sum(counts))
+    return torch.randint(0, t, (n,), generator=g), torch.rand(n, generator=g)
+
+
+def oracle(x, token_idx, row_weight, expert_idx, counts, w):
+    """float64 on exactly the dequantized float32 weights."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    start = 0
+    for e, n in zip(expert_idx.tolist(), counts.tolist()):
+        rows = x[token_idx[start : start + n]].double()
+        gu = dequantized(w.gate_up, torch.float32, torch.tensor([e]))[0].double()
+        dn = dequantized(w.down, torch.float32, torch.tensor([e]))[0].double()
+        h = rows @ gu.T + (w.gate_up_bias[e].double() if w.gate_up_bias is not None else 0)
+        y = apply_activation(h, w.activation) @ dn.T + (w.down_bias[e].double() if w.down_bias is not None else 0)
+        out.index_add_(0, token_idx[start : start + n], y * row_weight[start : start + n, None].double())
+        start += n
+    return out
+
+
+def check_close(got, x, token_idx, row_weight, expert_idx, counts, w):
+    """float32: within 1e-5 of the largest output of the reference path. bfloat16: no further from the
+    float64 oracle than twice the reference path's own bfloat16 error (which rounds more often)."""
+    assert got.dtype == x.dtype and got.shape == x.shape
+    ref = moe_mlp(x, token_idx, row_weight, expert_idx, counts, w, backend="torch")
+    scale = ref.float().abs().max().item()
+    if x.dtype == torch.float32:
+        err = (got - ref).abs().max().item()
+        assert err <= 1e-5 * scale, f"max error {err} vs output scale {scale}"
+        return
+    truth = oracle(x.float(), token_idx, row_weight, expert_idx, counts, w)
+    err = (got.double() - truth).abs().max().item()
+    ref_err = (ref.double() - truth).abs().max().item()
+    assert err <= max(2 * ref_err, 1e-3 * scale), f"bfloat16 error {err}, reference path's {ref_err}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    "h, i, activation, bias",
+    [(64, 48, "silu", False), (160, 136, "swiglu_oai", True), (100, 70, "silu", True)],
+    ids=["aligned", "edge_blocks", "odd"],
+)
+def test_matches_the_reference_path(variant, dtype, fmt, h, i, activation, bias):
+    variant_or_skip(variant)
+    w = weights(fmt, dtype, h, i, activation, bias)
+    expert_idx = torch.tensor([4, 0, 2, 5, 1])  # unsorted, expert 3 absent
+    counts = torch.tensor([3, 0, 1, 9, 2])  # a 0-row and a 1-row expert; 9 rows run the buffered tiles
+    x = torch.randn(7, h).to(dtype)
+    token_idx, row_weight = routing(7, counts.tolist())
+    got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_single_token_decode_and_untouched_tokens(variant):
+    variant_or_skip(variant)
+    w = weights("mxfp4", torch.float32, 96, 64, e=8)
+    x = torch.randn(3, 96)
+    expert_idx, counts = torch.tensor([1, 6]), torch.tensor([1, 1])
+    token_idx, row_weight = torch.tensor([2, 2]), torch.tensor([0.25, 0.75])
+    got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    assert torch.equal(got[:2], torch.zeros(2, 96))  # tokens without a row get zeros
+    check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+
+
+def test_no_rows_gives_zeros():
+    variant_or_skip(VARIANTS[1])
+    w = weights("nvfp4", torch.float32, 64, 32)
+    x = torch.randn(4, 64)
+    out = moe_mlp_cpu(x, torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.tensor([2]), torch.tensor([0]), w, "avx2")
+    assert torch.equal(out, torch.zeros(4, 64))
+
+
+def test_variants_agree_and_env_selects_them(monkeypatch):
+    found = available_variants()
+    if not found:
+        pytest.skip("no compiled variant here")
+    w = weights("fp8", torch.float32, 160, 136, "swiglu_oai", bias=True)
+    x = torch.randn(5, 160)
+    expert_idx, counts = torch.tensor([0, 3]), torch.tensor([4, 3])
+    token_idx, row_weight = routing(5, counts.tolist())
+    outs = {}
+    for variant in found:
+        monkeypatch.setenv(VARIANT_ENV, variant)
+        assert selected_variant() == variant
+        outs[variant] = moe_mlp(x, token_idx, row_weight, expert_idx, counts, w)
+    scale = outs[found[0]].abs().max().item()
+    for out in outs.values():  # same numbers up to float32 summation order
+        torch.testing.assert_close(out, outs[found[0]], rtol=0, atol=1e-5 * scale)
+    monkeypatch.setenv(VARIANT_ENV, "torch")  # the torch path, as where no variant exists
+    assert selected_variant() is None and not compiled_runs(x, counts, w)
+    ref = moe_mlp(x, token_idx, row_weight, expert_idx, counts, w, backend="torch")
+    assert torch.equal(moe_mlp(x, token_idx, row_weight, expert_idx, counts, w), ref)
+    monkeypatch.setenv(VARIANT_ENV, "sse9")
+    with pytest.raises(ValueError, match=VARIANT_ENV):
+        selected_variant()
+
+
+def test_grouped_expert_mlp_on_the_compiled_kernels():
+    if not available_variants():
+        pytest.skip("no compiled variant here")
+    w = weights("bf16", torch.bfloat16, 64, 48, "swiglu_oai", bias=True)
+    x = torch.randn(6, 64).to(torch.bfloat16)
+    expert_idx, counts = torch.tensor([3, 1]), torch.tensor([2, 4])
+    got = grouped_expert_mlp(x, expert_idx, counts, w, backend="cpu")  # [N, H]: each row unweighted
+    ref = grouped_expert_mlp(x, expert_idx, counts, w, backend="torch")
+    truth = oracle(x.float(), torch.arange(6), torch.ones(6), expert_idx, counts, w)
+    err, ref_err = ((t.double() - truth).abs().max().item() for t in (got, ref))
+    assert got.dtype == torch.bfloat16 and err <= max(2 * ref_err, 1e-3 * truth.abs().max().item())
+
+
+def test_auto_falls_back_to_torch_where_the_kernels_do_not_run():
+    w = weights("f32", torch.float32, 64, 32)
+    x = torch.randn(MAX_ROWS_PER_EXPERT + 1, 64)
+    counts = torch.tensor([MAX_ROWS_PER_EXPERT + 1])
+    assert not compiled_runs(x, counts, w)  # a prefill-sized group
+    assert not compiled_runs(x.half(), torch.tensor([1]), w)  # float16 compute
+    narrow = ExpertWeights(quantize_fp8_block(w.gate_up, block=(16, 16), segments=2), quantize_fp8_block(w.down, block=(16, 16)))
+    assert not compiled_runs(x, torch.tensor([1]), narrow)  # FP8 blocks narrower than a 32-wide chunk
+    with pytest.raises(ValueError, match="gate_up"):
+        moe_mlp_cpu(x[:1], torch.tensor([0]), torch.ones(1), torch.tensor([0]), torch.tensor([1]), narrow)
+    token_idx = torch.zeros(1, dtype=torch.long)
+    got = moe_mlp(x[:1], token_idx, torch.ones(1), torch.tensor([0]), torch.tensor([1]), narrow)
+    ref = moe_mlp(x[:1], token_idx, torch.ones(1), torch.tensor([0]), torch.tensor([1]), narrow, backend="torch")
+    assert torch.equal(got, ref)
+
+
+def test_bad_indices_raise_value_error():
+    if not available_variants():
+        pytest.skip("no compiled variant here")
+    w = weights("bf16", torch.float32, 64, 32)
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="expert_idx"):
+        moe_mlp_cpu(x, torch.tensor([0]), torch.ones(1), torch.tensor([6]), torch.tensor([1]), w)
+    with pytest.raises(ValueError, match="token_idx"):
+        moe_mlp_cpu(x, torch.tensor([2]), torch.ones(1), torch.tensor([0]), torch.tensor([1]), w)
+    with pytest.raises(ValueError, match="counts"):
+        moe_mlp_cpu(x, torch.tensor([0]), torch.ones(1), torch.tensor([0]), torch.tensor([2]), w)
+
+
+def test_a_failed_build_warns_and_leaves_the_torch_path(monkeypatch, tmp_path):
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert build.extension.__wrapped__() is None
+    assert any("torch path" in str(c.message) for c in caught)
