@@ -48,6 +48,10 @@ class HybridLayer:
 class Qwen3NextForCausalLM:
     """Non-expert weights of Qwen3-Next / Qwen3.5-MoE; routed experts are reached through an ExpertCompute."""
 
+    # A prefix cache hit would skip the tokens whose recurrent state the sequence needs (the state after
+    # a prefix is not kept per block), so these models run without it.
+    supports_prefix_cache = False
+
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
         self.cfg, self.dtype = cfg, dtype
         self.hybrid = HybridConfig.from_model_config(cfg)

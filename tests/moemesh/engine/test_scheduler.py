@@ -251,3 +251,28 @@ def test_every_step_stays_within_the_budget(budget):
     s.add(request("b", range(20, 25), max_new=3))
     while s.has_unfinished():
         assert step(s).num_tokens <= budget
+
+
+def test_state_slots_follow_admission_finish_abort_and_preemption():
+    slots = BlockPool(2, caching=False)
+    s = Scheduler(BlockPool(3, caching=False), BS, 2, 16, state_slots=slots)
+    a = request("a", range(0, 4), max_new=9)
+    s.add(a)
+    assert a.state_slot == -1  # waiting: no slot yet
+    step(s)
+    b = request("b", range(10, 13), max_new=9)
+    s.add(b)
+    step(s)
+    assert {a.state_slot, b.state_slot} == {0, 1} and slots.num_free == 0
+    step(s)
+    batch = step(s)  # b needs a second block: none left, b is preempted and gives its slot back
+    assert batch.preempted == (b,) and b.state_slot == -1 and slots.num_free == 1
+    s.remove(a)  # finished or aborted: its slot goes back too
+    assert a.state_slot == -1 and slots.num_free == 2
+    step(s)  # b runs again from position 0 in a slot of its own
+    assert b.state_slot >= 0 and b.num_computed > 0 and slots.num_free == 1
+
+
+def test_fewer_state_slots_than_sequences_is_refused():
+    with pytest.raises(ValueError, match="state_slots"):
+        Scheduler(BlockPool(8), BS, 4, 16, state_slots=BlockPool(3, caching=False))

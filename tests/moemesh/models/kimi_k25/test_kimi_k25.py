@@ -65,15 +65,23 @@ def test_int4_compressed_tensors_checkpoint_is_refused():
 
 
 def test_public_api_carries_no_images():
-    """The generation API takes text, token ids or chat messages whose content is one string: no field
-    can hold an image. An image reaches a model only as its placeholder token, which is refused above."""
+    """The generation API takes text, token ids or chat messages whose content is one string: no field of
+    any message a request can hold is bytes. An image reaches a model only as its placeholder token,
+    which is refused above."""
     from google.protobuf.descriptor import FieldDescriptor
 
     from moemesh.rpc.protos import load
 
     generation_pb2, _ = load("generation")
-    for message in (generation_pb2.GenerateRequest, generation_pb2.ChatMessage, generation_pb2.ChatMessages):
-        for f in message.DESCRIPTOR.fields:
-            assert f.type != FieldDescriptor.TYPE_BYTES, f"{message.DESCRIPTOR.name}.{f.name}"
-    assert [(f.name, f.type) for f in generation_pb2.ChatMessage.DESCRIPTOR.fields] == [
-        ("role", FieldDescriptor.TYPE_STRING), ("content", FieldDescriptor.TYPE_STRING)]
+    seen, todo = set(), [generation_pb2.GenerateRequest.DESCRIPTOR]
+    while todo:
+        desc = todo.pop()
+        if desc.full_name in seen:
+            continue
+        seen.add(desc.full_name)
+        for f in desc.fields:
+            assert f.type != FieldDescriptor.TYPE_BYTES, f"{desc.name}.{f.name}"
+            if f.message_type is not None:
+                todo.append(f.message_type)
+    assert "moemesh.v1.ChatMessage" in seen
+    assert generation_pb2.ChatMessage.DESCRIPTOR.fields_by_name["content"].type == FieldDescriptor.TYPE_STRING

@@ -52,10 +52,3 @@ def test_refusals_name_the_field(field, value):
     with pytest.raises(ConfigError, match=name):
         parse_model_config(raw("qwen3_next", "Qwen3NextForCausalLM", **{field: value}))
 
-
-@pytest.mark.parametrize("family_checkpoint", ["qwen3_next_plain"], indirect=True)
-def test_engine_refuses_until_its_scheduler_allocates_recurrent_state(family_checkpoint):
-    from tests.moemesh.models.arch.engine_helpers import make_engine
-
-    with pytest.raises(ValueError, match="recurrent state"):
-        make_engine(family_checkpoint[0])

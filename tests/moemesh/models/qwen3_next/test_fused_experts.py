@@ -13,8 +13,9 @@ from safetensors.torch import load_file, save_file
 from moemesh.checkpoint import CheckpointReader
 from moemesh.models.registry import load_model_config
 from moemesh.moe.expert_loader import load_expert_weights
+from tests.moemesh.models.arch.engine_helpers import make_engine
 from tests.moemesh.models.arch.reference import assert_logprobs_close
-from tests.moemesh.models.qwen3_next.driver import Driver
+from tests.moemesh.models.engine_vs_transformers import run_prompts
 from tests.moemesh.models.tiny_families import PROMPTS
 
 EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -48,11 +49,7 @@ def test_fused_experts_load_and_serve_as_per_expert_ones(family_checkpoint, tmp_
         a = load_expert_weights(CheckpointReader(path), cfg, layer, [5, 1, 9], torch.float32)
         b = load_expert_weights(CheckpointReader(fused), cfg, layer, [5, 1, 9], torch.float32)
         assert torch.equal(a.gate_up, b.gate_up) and torch.equal(a.down, b.down)
-    drv = Driver(fused)
-    prompt = list(PROMPTS[0])
-    drv.add("p", prompt)
-    for _ in range(4):
-        drv.step()
+    res = run_prompts(make_engine(fused), PROMPTS[:1], new_tokens=4)[0]
     ref_plp, ref_tokens = expected[PROMPTS[0]]
-    assert_logprobs_close(drv.seqs["p"].prompt_logprobs, ref_plp)
-    assert drv.seqs["p"].tokens[len(prompt):] == ref_tokens[:4]
+    assert_logprobs_close(res.prompt_logprobs, ref_plp)
+    assert res.token_ids == ref_tokens[:4]

@@ -28,6 +28,7 @@ from moemesh.models.qwen3_next.moe import load_sparse_moe, sparse_moe_block
 from moemesh.models.recurrent_state import RecurrentStateSpec
 from moemesh.models.stages import run_to_end
 from moemesh.contracts.knobs import LayerKnobs
+from moemesh.moe.layer_experts import LayerExperts
 from moemesh.moe.local_experts import LocalExperts
 from tests.moemesh.models.arch.modules import DictReader, causal_mask
 
@@ -76,25 +77,26 @@ def meta(seqs: list[tuple[list[int], int, int]], blocks: int = 8) -> BatchMeta:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_gated_deltanet_prefill_then_decode_match_transformers(family):
+def test_gated_deltanet_chunks_then_decodes_match_transformers(family):
     hf, cfg = setup(family)
     ref_mod = randomized(FAMILIES[family][1](hf, 0))
     w = load_deltanet(DictReader(ref_mod.state_dict(), "a."), "a", HybridConfig.from_model_config(cfg),
                       hf.hidden_size, hf.rms_norm_eps, torch.float32)
     store = state_store(cfg, 2)
     state = store.layers[0]
-    state.conv.normal_()  # stale contents of a reused slot: a prefill from position 0 must not read them
+    state.conv.normal_()  # stale contents of a reused slot: a chunk at position 0 must not read them
     state.ssm.normal_()
     x = torch.randn(2, 12, hf.hidden_size)
     with torch.no_grad():
         ref = ref_mod(x)  # [2, 12, H]: two sequences, each from scratch
-        got = gated_deltanet(x[0, :7], w, meta([(list(range(7)), 0, 1)]), state, (True,))
-        torch.testing.assert_close(got, ref[0, :7], **TOL)
-        got = gated_deltanet(x[1, :9], w, meta([(list(range(9)), 0, 0)]), state, (True,))
-        torch.testing.assert_close(got, ref[1, :9], **TOL)
+        got = gated_deltanet(x[0, :4], w, meta([(list(range(4)), 0, 1)]), state)
+        torch.testing.assert_close(got, ref[0, :4], **TOL)
+        # sequence 1's whole prompt beside sequence 0's second chunk, which continues from its slot's state
+        got = gated_deltanet(torch.cat([x[1, :9], x[0, 4:7]]), w, meta([(list(range(9)), 0, 0), ([0] * 3, 4, 1)]), state)
+        torch.testing.assert_close(got, torch.cat([ref[1, :9], ref[0, 4:7]]), **TOL)
         for step in range(3):  # both decode in one batch: slot 1 at 7.., slot 0 at 9..
             p0, p1 = 7 + step, 9 + step
-            got = gated_deltanet(torch.stack([x[0, p0], x[1, p1]]), w, meta([([0], p0, 1), ([0], p1, 0)]), state, ())
+            got = gated_deltanet(torch.stack([x[0, p0], x[1, p1]]), w, meta([([0], p0, 1), ([0], p1, 0)]), state)
             torch.testing.assert_close(got, torch.stack([ref[0, p0], ref[1, p1]]), **TOL)
 
 
@@ -130,9 +132,10 @@ def test_moe_block_with_gated_shared_expert_matches_transformers(family):
     block = randomized(FAMILIES[family][3](hf))
     sd = block.state_dict()
     moe = load_sparse_moe(DictReader(sd, "mlp."), "mlp", cfg, hf.shared_expert_intermediate_size, torch.float32)
-    experts = LocalExperts({0: ExpertWeights(sd["experts.gate_up_proj"].clone(), sd["experts.down_proj"].clone())})
+    w = ExpertWeights(sd["experts.gate_up_proj"].clone(), sd["experts.down_proj"].clone())
+    experts = LocalExperts({0: LayerExperts.hold(range(w.num_experts), w)})
     h = torch.randn(10, hf.hidden_size)
     with torch.no_grad():
         ref = block(h[None])[0]
-        got = run_to_end(sparse_moe_block(h, 0, moe, cfg, LayerKnobs(None, 0.0), experts))
+        got = run_to_end(sparse_moe_block(h, 0, moe, cfg, LayerKnobs(0, None, 0.0), experts))
     torch.testing.assert_close(got, ref, **TOL)
