@@ -29,7 +29,7 @@ def test_fp8_checkpoint_served_as_stored_matches_dequantized_reference(family, t
     qdir, deq_dir = write_fp8_block(src, tmp_path / "fp8", (32, 32))
     engine = make_engine(qdir)
     layer = engine.model_config.moe_layers[-1]
-    w = engine.experts.weights[layer]
+    w = engine.experts.layers[layer].weights
     assert isinstance(w.gate_up, FP8BlockExperts) and isinstance(w.down, FP8BlockExperts)
     inter = engine.model_config.moe_intermediate_size
     stored = CheckpointReader(qdir).get(UP_PROJ[family].format(layer=layer, expert=3))

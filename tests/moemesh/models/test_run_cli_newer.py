@@ -1,5 +1,5 @@
 """`moemesh run --prompt-ids .. --json` in a subprocess vs transformers (float32) for each variant of the
-newer families the engine serves: the 70-token prompt (past every DSA variant's index_topk), 32 greedy
+newer families: the 70-token prompt (past every DSA variant's index_topk), 32 greedy
 tokens."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from tests.moemesh.models.tiny_families import PROMPTS
 pytestmark = pytest.mark.slow
 
 SERVED = ["deepseek_v32", "deepseek_v32_plain", "glm_moe_dsa", "glm_moe_dsa_pattern", "minimax_m2",
-          "minimax_m2_full_rope", "kimi_k25", "kimi_k25_published"]
+          "minimax_m2_full_rope", "kimi_k25", "kimi_k25_published", "qwen3_next", "qwen3_next_plain", "qwen3_5_moe",
+          "qwen3_5_moe_vl"]
 
 
 @pytest.mark.parametrize("family_checkpoint", SERVED, indirect=True)
