@@ -1,8 +1,10 @@
 """Scheduler without a model: the token budget, decodes before prompt chunks, prompts longer than the
-budget, prefix cache hits, eviction, and preemption with shared blocks."""
+budget, prefix cache hits, eviction, preemption with shared blocks, and the recurrent-state slots
+of hybrid models (taken at admission, given back on finish, abort and preemption, never leaked)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from moemesh.engine.block_pool import BlockPool
 from moemesh.engine.request import Request
@@ -276,3 +278,51 @@ def test_state_slots_follow_admission_finish_abort_and_preemption():
 def test_fewer_state_slots_than_sequences_is_refused():
     with pytest.raises(ValueError, match="state_slots"):
         Scheduler(BlockPool(8), BS, 4, 16, state_slots=BlockPool(3, caching=False))
+
+
+def held_slots_match_running(s: Scheduler, slots: BlockPool) -> None:
+    """Every running request holds its own slot, no waiting one holds any, and no other slot is taken."""
+    held = [r.state_slot for r in s.running]
+    assert all(slot >= 0 for slot in held) and len(set(held)) == len(held)
+    assert all(r.state_slot == -1 for r in s.waiting)
+    assert slots.num_free == slots.num_blocks - len(held)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(1, 14), st.integers(1, 6)),  # prompt length, max_new
+            st.tuples(st.just("step"), st.integers(1, 3), st.none()),  # steps in a row
+            st.tuples(st.just("abort"), st.integers(0, 63), st.none()),  # which live request
+        ),
+        max_size=40,
+    ),
+    num_blocks=st.integers(5, 10),  # the longest request (19 tokens computed) fits alone
+    caching=st.booleans(),
+)
+def test_state_slots_are_never_leaked(ops, num_blocks, caching):
+    """Random arrivals, steps (with preemption when the few blocks run out) and aborts of waiting or
+    running requests: after every operation the slots held are exactly the running requests' own, and
+    once everything has finished or been aborted every slot is free again."""
+    slots = BlockPool(3, caching=False)
+    s = Scheduler(BlockPool(num_blocks, caching=caching), BS, 3, 8, state_slots=slots)
+    live: list[Request] = []
+    for i, (op, a, b) in enumerate(ops):
+        if op == "add":
+            req = request(f"r{i}", range(i, i + a), max_new=b)
+            s.add(req)
+            live.append(req)
+        elif op == "step":
+            for _ in range(a):
+                step(s)
+        elif live:
+            s.remove(live.pop(a % len(live)))
+        live = [r for r in live if s.find(r.request_id) is r]
+        held_slots_match_running(s, slots)
+    for _ in range(200):
+        if not s.has_unfinished():
+            break
+        step(s)
+        held_slots_match_running(s, slots)
+    assert not s.has_unfinished() and slots.num_free == slots.num_blocks
