@@ -22,6 +22,7 @@ from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import rope_parameters
 from moemesh.models.deepseek_v3.decoder import tensors_of
+from moemesh.models.deepseek_v3.fp8_reader import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, load_dense_mlp
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation
@@ -54,6 +55,7 @@ class Qwen3NextForCausalLM:
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
         self.cfg, self.dtype = cfg, dtype
+        reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         self.hybrid = HybridConfig.from_model_config(cfg)
         self.perm = head_permutation(cfg.head_dim, self.hybrid.rotary_dim)  # [D]
         partial = build_rotary_table(rope_parameters(cfg.raw), self.hybrid.rotary_dim, cfg.max_position_embeddings)

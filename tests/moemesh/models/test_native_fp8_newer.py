@@ -1,7 +1,8 @@
 """Native BlockwiseFP8 checkpoints of the newer families (DeepSeek-V3.2 and GLM-5 with their indexers,
-MiniMax-M2 with Mixtral's expert layout), written by compressed-tensors' quantizer with 32x32 blocks:
-routed experts are served as stored (FP8 bytes unchanged), every other linear weight is dequantized at
-load, and the outputs match transformers run on the oracle's dequantized weights."""
+MiniMax-M2 with Mixtral's expert layout, Qwen3-Next with its Gated DeltaNet and shared-expert
+projections), written by compressed-tensors' quantizer with 32x32 blocks: routed experts are served as
+stored (FP8 bytes unchanged), every other linear weight is dequantized at load, and the outputs match
+transformers run on the oracle's dequantized weights."""
 from __future__ import annotations
 
 import pytest
@@ -20,6 +21,7 @@ UP_PROJ = {
     "deepseek_v32": "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight",
     "glm_moe_dsa": "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight",
     "minimax_m2": "model.layers.{layer}.block_sparse_moe.experts.{expert}.w3.weight",
+    "qwen3_next": "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight",
 }
 
 
