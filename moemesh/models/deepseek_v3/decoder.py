@@ -18,7 +18,7 @@ from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import GroupedGateConfig
-from moemesh.models.deepseek_v3.fp8_reader import weights_reader
+from moemesh.checkpoint.fp8_dequant import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, GateNames, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
 from moemesh.models.layers import rms_norm
 from moemesh.moe.expert_compute import ExpertCompute

@@ -22,7 +22,7 @@ from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import rope_parameters
 from moemesh.models.deepseek_v3.decoder import tensors_of
-from moemesh.models.deepseek_v3.fp8_reader import weights_reader
+from moemesh.checkpoint.fp8_dequant import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, load_dense_mlp
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation
