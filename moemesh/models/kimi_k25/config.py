@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from moemesh.config import ConfigError, ModelConfig
+from moemesh.config import ModelConfig
 from moemesh.models.deepseek_v3.config import parse_config as parse_deepseek_v3
 from moemesh.models.multimodal import language_model_raw, media_token_ids
 
@@ -16,11 +16,7 @@ TIE_DEFAULT = True  # Kimi_K25Config.tie_word_embeddings
 
 
 def parse_config(raw: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
+    # The published INT4 compressed-tensors experts have no kernel here: refused with every format no
+    # loader reads (registry.check_quant_method); a bfloat16 or BlockwiseFP8 conversion loads.
     text = language_model_raw(raw, TIE_DEFAULT)
-    quant = (text.get("quantization_config") or {}).get("quant_method")
-    if quant not in (None, "fp8"):
-        raise ConfigError(
-            f"config field quantization_config.quant_method {quant!r} is not supported for Kimi-K2.5 "
-            "(its INT4 compressed-tensors experts have no kernel here; a bfloat16 or BlockwiseFP8 conversion loads)"
-        )
     return replace(parse_deepseek_v3(text, generation), media_token_ids=media_token_ids(raw, MEDIA_DEFAULTS))

@@ -82,3 +82,19 @@ def test_missing_required_field_is_named(tiny_ckpt):
     del raw["hidden_size"]
     with pytest.raises(ConfigError, match="lacks the field 'hidden_size'"):
         parse_model_config(raw)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "MiniMaxM2ForCausalLM", "Qwen3NextForCausalLM", "KimiK25ForConditionalGeneration"])
+@pytest.mark.parametrize("method", ["compressed-tensors", "gptq", "awq", None])
+def test_quantization_formats_no_loader_reads_are_refused(arch, method):
+    """Before any weight is read: a quantized weight read as plain would give wrong answers, not an error."""
+    raw = {"architectures": [arch], "quantization_config": {"quant_method": method, "bits": 4}}
+    with pytest.raises(ConfigError, match=r"quantization_config\.quant_method"):
+        parse_model_config(raw)
+
+
+def test_a_quantization_config_inside_text_config_is_checked_too():
+    raw = {"architectures": ["Qwen3_5MoeForConditionalGeneration"],
+           "text_config": {"quantization_config": {"quant_method": "gptq"}}}
+    with pytest.raises(ConfigError, match=r"text_config\.quantization_config\.quant_method 'gptq'"):
+        parse_model_config(raw)
