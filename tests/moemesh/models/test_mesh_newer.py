@@ -5,8 +5,9 @@ recurrent state carried across them and across the step loop's continuous batchi
 within 1e-4 and greedy continuations identical up to the tokenizer's EOS (which the mesh stops at).
 A chat request's `chat_template_kwargs` reach a tiny template holding each family's switch (`thinking`
 for DeepSeek-V3.2 and Kimi-K2.5, `enable_thinking` for GLM-5 and the Qwen models, `reasoning_effort`
-for MiniMax-M2); the multimodal checkpoints (Kimi-K2.5 published layout, Qwen3.5-MoE VL: experts read
-through their nested names on the expert servers) refuse an image placeholder with INVALID_ARGUMENT."""
+for MiniMax-M2); the multimodal checkpoints (Kimi-K2.5 as transformers saves it and as published, Qwen3.5-MoE
+VL: experts read through their nested names on the expert servers) refuse an image placeholder with
+INVALID_ARGUMENT."""
 from __future__ import annotations
 
 import asyncio
@@ -28,14 +29,15 @@ pytestmark = pytest.mark.slow
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 PLACEHOLDER = 300  # image placeholder id moved into the tiny vocabulary
-# checkpoint -> the chat template variable its family's templates switch reasoning with; each family once
-# and the second variants that change the math (DSA top-4 keys with a dense middle layer, GLM-5's
-# indexer pattern, MiniMax-M2 rotating whole heads, Qwen3-Next with attention between DeltaNet layers)
+# checkpoint (every engine-served variant of tiny_families, as test_run_cli_newer.py) -> the chat template
+# variable its family's templates switch reasoning with
 SWITCH = {"deepseek_v32": "thinking", "deepseek_v32_plain": "thinking", "glm_moe_dsa": "enable_thinking",
           "glm_moe_dsa_pattern": "enable_thinking", "minimax_m2": "reasoning_effort",
-          "minimax_m2_full_rope": "reasoning_effort", "kimi_k25_published": "thinking", "qwen3_next": "enable_thinking",
-          "qwen3_next_plain": "enable_thinking", "qwen3_5_moe_vl": "enable_thinking"}
-MULTIMODAL = {"kimi_k25_published": ("image_token_id", "media_placeholder_token_id"), "qwen3_5_moe_vl": ("image_token_id",)}
+          "minimax_m2_full_rope": "reasoning_effort", "kimi_k25": "thinking", "kimi_k25_published": "thinking",
+          "qwen3_next": "enable_thinking", "qwen3_next_plain": "enable_thinking", "qwen3_5_moe": "enable_thinking",
+          "qwen3_5_moe_vl": "enable_thinking"}
+MULTIMODAL = {"kimi_k25": ("image_token_id",), "kimi_k25_published": ("image_token_id", "media_placeholder_token_id"),
+              "qwen3_5_moe_vl": ("image_token_id",)}
 
 
 def template(switch: str) -> str:
