@@ -17,6 +17,7 @@ from moemesh.checkpoint.nesting import language_model_aliases
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+SCALED_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # stored values that need a scale to mean a weight
 
 
 class CheckpointReader:
@@ -89,4 +90,10 @@ class CheckpointReader:
             raise
         except Exception as e:
             raise CheckpointError(f"cannot read tensor {name!r} from {shard!r} (corrupt file?): {e}") from e
+        if dtype is not None and t.dtype != dtype and t.dtype in SCALED_DTYPES:
+            # an FP8 value means nothing without its scale; fp8_dequant reads the scaled ones as stored
+            raise CheckpointError(
+                f"tensor {name!r} is stored as {t.dtype} and read as {dtype} with no scale; the checkpoint's "
+                "quantization_config does not declare the format that holds its scale"
+            )
         return t if dtype is None or t.dtype == dtype else t.to(dtype)
