@@ -15,6 +15,7 @@ class PlacementView:
     placement: Placement
     servers: tuple[ServerInfo, ...]  # every server the placement names
     knobs: MoeKnobs = MoeKnobs()  # top-k / capacity in force with this version
+    dead: tuple[str, ...] = ()  # servers declared dead when it was committed (their calls will not be answered)
 
 
 class PlacementBoard:

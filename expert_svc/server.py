@@ -70,15 +70,35 @@ class ExpertServer:
         if not self.cfg.control_addr:
             return
         try:
-            self.agent = ControlAgent(self.cfg.control_addr, self.cfg.rpc, self.info(), lambda: stats_message(self.shard, gpu=self.gpu))
+            self.agent = ControlAgent(self.cfg.control_addr, self.cfg.rpc, self.info(), lambda: stats_message(self.shard, gpu=self.gpu),
+                                      self.shard.held)
             self.servicer.drop_guard = self.agent.check_drop
             placement = await self.agent.register()
-            for layer, experts in placement.experts_on(self.agent.server_id).items():
-                await asyncio.to_thread(self.shard.load, layer, experts)
-            self._beats = asyncio.create_task(self.agent.heartbeat_forever())
+            await self._load_placed(placement)
+            self._beats = asyncio.create_task(self.agent.heartbeat_forever(self._registered_again))
         except BaseException:
             await self._close()
             raise
+
+    async def _load_placed(self, placement) -> None:
+        for layer, experts in placement.experts_on(self.agent.server_id).items():
+            await asyncio.to_thread(self.shard.load, layer, experts)
+
+    async def _registered_again(self, placement) -> None:
+        """After registering again: with a placement (the control plane had declared this server dead,
+        or rebuilt its placement before this server came back), the copies it does not give this
+        server are stale: dropped, so they hold no slots the control plane counts as free. Without
+        one (a restarted control plane rebuilding from what the servers hold) everything stays."""
+        if placement.version == 0:
+            return
+        placed = placement.experts_on(self.agent.server_id)
+        for layer, experts in self.shard.held().items():
+            stale = [e for e in experts if e not in placed.get(layer, ())]
+            if stale:
+                log.info("dropping layer %d experts %s: placement v%d does not give them to %s", layer, stale, placement.version,
+                         self.agent.server_id)
+                await asyncio.to_thread(self.shard.drop, layer, stale)
+        await self._load_placed(placement)
 
     async def drain(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()

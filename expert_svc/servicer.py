@@ -11,6 +11,7 @@ import torch
 
 from expert_svc.dist_hub import CLIENT_RANK, DistHub
 from expert_svc.shard import ExpertShard
+from moemesh.contracts.wire import held_to_proto
 from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
 from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
@@ -43,10 +44,6 @@ def failure_of(e: Exception, what: str) -> MeshError:
         return e
     log.error("%s failed", what, exc_info=e)
     return MeshError(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-
-
-def expert_set(held: dict[int, tuple[int, ...]]):
-    return expert_pb2.ExpertSet(experts=[expert_pb2.LayerExperts(layer=l, expert_ids=es) for l, es in held.items()])
 
 
 class ExpertServicer(expert_grpc.ExpertServiceServicer):
@@ -102,7 +99,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
     async def LoadExperts(self, request, context):
         for le in request.experts:
             await self._run(context, self.shard.load, le.layer, list(le.expert_ids))
-        return expert_set(self.shard.held())
+        return held_to_proto(self.shard.held())
 
     async def DropExperts(self, request, context):
         if self.drop_guard is not None:
@@ -112,7 +109,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 await context.abort(e.code, e.message)
         for le in request.experts:
             await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
-        return expert_set(self.shard.held())
+        return held_to_proto(self.shard.held())
 
     async def GetStats(self, request, context):
         return stats_message(self.shard, reset=request.reset, gpu=self.gpu)
@@ -145,6 +142,6 @@ def stats_message(shard: ExpertShard, reset: bool = False, gpu: GpuTelemetry | N
         busy_seconds=snap.busy_seconds,
         requests=snap.requests,
         window_seconds=snap.window_seconds,
-        held=expert_set(shard.held()),
+        held=held_to_proto(shard.held()),
         gpu=gpu_message(gpu),
     )
