@@ -35,7 +35,7 @@ from attention_svc.remote_experts import RemoteExperts
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.contracts.placement import Placement
-from moemesh.contracts.wire import control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
+from moemesh.contracts.wire import control_grpc, control_pb2, knobs_from_proto, knobs_to_proto, placement_from_proto, server_from_proto
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
 
@@ -116,7 +116,8 @@ class ControlFollower:
         self._tasks.append(asyncio.create_task(self._heartbeat(address, resp.heartbeat_interval_s or 1.0)))
 
     async def _register(self, address: str, timeout_s: float):
-        req = control_pb2.RegisterAttentionReplicaRequest(address=address, placement_version=self._seen, instance=self.instance)
+        req = control_pb2.RegisterAttentionReplicaRequest(address=address, placement_version=self._seen, instance=self.instance,
+                                                          knobs=knobs_to_proto(self._knobs.get(self._seen, self._applied_knobs)))
         resp = await self.stub.RegisterAttentionReplica(req, timeout=timeout_s)
         self.replica_id = resp.replica_id
         return resp

@@ -36,7 +36,7 @@ from control_svc.recovery import check_held, rebuild_placement
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
 from moemesh.contracts.info import ServerInfo
-from moemesh.contracts.knobs import check_change
+from moemesh.contracts.knobs import MoeKnobs, check_change
 from moemesh.contracts.placement import LayerExperts
 from moemesh.errors import MeshError, invalid
 from moemesh.telemetry import ServiceMetrics
@@ -79,6 +79,8 @@ class ControlPlane:
         # so its first placement is rebuilt from what the servers hold, and versions it reaches itself
         # may repeat numbers of the old one (`note_version`)
         self.restarted = False
+        self._inherited_knobs: tuple[int, MoeKnobs] | None = None  # (version, knobs) replicas ran before a restart
+        self._knobs_set = False  # knobs were set on this plane (they win over inherited ones)
         self._initial: asyncio.Task | None = None
         self._recovery_timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # placement changes running in the background
@@ -112,61 +114,35 @@ class ControlPlane:
             self._background(self.rebalance(force=True), f"placing experts on new server {rec.server_id}", lambda: None)
         return rec
 
-    def register_attention(self, address: str, seen_version: int = 0, instance: str = "") -> str:
-        """Register an attention replica that has received placements up to `seen_version` (0: none)."""
+    def register_attention(self, address: str, seen_version: int = 0, instance: str = "", knobs: MoeKnobs | None = None) -> str:
+        """Register an attention replica that has received placements up to `seen_version` (0: none),
+        the newest carrying `knobs`. MeshError INVALID_ARGUMENT for knobs that do not fit the model."""
+        if knobs is not None:
+            self.check_knob_set(knobs)
         replica_id = self.registry.register_attention(address, instance)
         self.note_version(seen_version, at_least=True)
+        if knobs is not None and seen_version > 0:
+            self._inherit_knobs(seen_version, knobs)
         return replica_id
-
-    def note_version(self, version: int, at_least: bool = False) -> None:
-        """A server or replica has seen placement `version`. Before the first placement it raises the
-        floor the first one is numbered above (and marks this plane restarted); after, a version above
-        the committed one gets the committed placement renumbered above it, so the replica adopts it.
-        So does one equal to it, with `at_least` (a registering replica) on a restarted plane: that
-        number may have been another placement of the plane before the restart."""
-        if version <= 0:
-            return
-        committed = self.board.version
-        self.floor = max(self.floor, version)
-        if committed == 0:
-            self.restarted = True
-        elif version > committed or (at_least and self.restarted and version == committed):
-            self._background(self._renumber(), f"renumbering the placement above v{version}", lambda: None)
-
-    async def _renumber(self) -> None:
-        def build(view: PlacementView):
-            if view.placement.version == 0 or view.placement.version > self.floor:
-                return None
-            return view.placement, view.knobs
-
-        view = await self.switch.switch_with(build)
-        if view is not None:
-            log.info("placement committed again as v%d, above the versions replicas reported", view.placement.version)
-            self._publish_metrics()
 
     def _start_initial(self) -> None:
         if self._initial is None:
             self._initial = asyncio.get_running_loop().create_task(self.place_initial())
-
-    async def _recover_after(self, wait_s: float) -> None:
-        await asyncio.sleep(wait_s)
-        self._recovery_timer = None
-        if self.board.version == 0 and self.registry.serving():
-            log.warning("rebuilding the placement after %.1fs with %d of %d expected expert servers back",
-                        wait_s, len(self.registry.serving()), self.expected)
-            self._start_initial()
 
     async def place_initial(self) -> None:
         """The first placement: round robin over the serving servers, or, after a restart, the one
         their held experts make up (`rebuild_placement`); numbered above every reported version."""
         serving = self.registry.serving()
         try:
+            knobs = None
             if self.restarted:
                 held = {s.server_id: self.registry.experts[s.server_id].held for s in serving}
                 placement = rebuild_placement(self.moe_layers, self.num_experts, held, {s.server_id: s.slot_budget for s in serving}, 0)
+                knobs = self._inherited_knobs and self._inherited_knobs[1]
             else:
                 placement = initial_placement(self.moe_layers, self.num_experts, [(s.server_id, s.slot_budget) for s in serving], 0)
-            view = await self.switch.switch_with(lambda current: (placement, current.knobs) if current.placement.version == 0 else None)
+            view = await self.switch.switch_with(
+                lambda current: (placement, knobs or current.knobs) if current.placement.version == 0 else None)
             self._publish_metrics()
         except Exception:
             log.exception("initial placement failed; it is retried on the next registration")
@@ -266,6 +242,7 @@ class ControlPlane:
 
         def build(view: PlacementView):
             self._check_placed(view)
+            self._knobs_set = True
             return view.placement, view.knobs.updated(top_k, capacity_factor, layer)
 
         view = await self.switch.switch_with(build)
@@ -279,6 +256,12 @@ class ControlPlane:
             check_change(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
         except ValueError as e:
             raise invalid(str(e)) from e
+
+    def check_knob_set(self, knobs: MoeKnobs) -> None:
+        """MeshError INVALID_ARGUMENT naming the field unless every value of `knobs` fits the model."""
+        for top_k, cf, layer in [(knobs.top_k, knobs.capacity_factor, None)] + [(s.top_k, s.capacity_factor, s.layer) for s in knobs.layers]:
+            if top_k is not None or cf is not None:
+                self.check_knobs(top_k, cf, layer)
 
     @staticmethod
     def _check_placed(view: PlacementView) -> None:
@@ -378,6 +361,64 @@ class ControlPlane:
                 log.error("%s failed: %s", what, t.exception())
 
         task.add_done_callback(finished)
+
+    # ---- after a restart: versions and knobs from before it ------------------------------------
+    def note_version(self, version: int, at_least: bool = False) -> None:
+        """A server or replica has seen placement `version`. Before the first placement it raises the
+        floor the first one is numbered above (and marks this plane restarted); after, a version above
+        the committed one gets the committed placement renumbered above it, so the replica adopts it.
+        So does one equal to it, with `at_least` (a registering replica) on a restarted plane: that
+        number may have been another placement of the plane before the restart."""
+        if version <= 0:
+            return
+        committed = self.board.version
+        self.floor = max(self.floor, version)
+        if committed == 0:
+            self.restarted = True
+        elif version > committed or (at_least and self.restarted and version == committed):
+            self._background(self._renumber(), f"renumbering the placement above v{version}", lambda: None)
+
+    async def _renumber(self) -> None:
+        def build(view: PlacementView):
+            if view.placement.version == 0 or view.placement.version > self.floor:
+                return None
+            return view.placement, view.knobs
+
+        view = await self.switch.switch_with(build)
+        if view is not None:
+            log.info("placement committed again as v%d, above the versions replicas reported", view.placement.version)
+            self._publish_metrics()
+
+    def _inherit_knobs(self, version: int, knobs: MoeKnobs) -> None:
+        """A restarted plane on which no knobs were set takes over the knobs of the newest version a
+        replica reports (a restart must not change what requests run with), committing them once it
+        has a placement and they differ from its own."""
+        if not self.restarted or self._knobs_set:
+            return
+        if self._inherited_knobs is None or version > self._inherited_knobs[0]:
+            self._inherited_knobs = (version, knobs)
+        if self.board.version > 0 and self.board.current.knobs != self._inherited_knobs[1]:
+            self._background(self._take_inherited_knobs(), "taking over the knobs replicas ran before the restart", lambda: None)
+
+    async def _take_inherited_knobs(self) -> None:
+        def build(view: PlacementView):
+            if view.placement.version == 0 or self._knobs_set or self._inherited_knobs is None:
+                return None
+            knobs = self._inherited_knobs[1]
+            return None if knobs == view.knobs else (view.placement, knobs)
+
+        view = await self.switch.switch_with(build)
+        if view is not None:
+            log.info("placement v%d carries the knobs replicas ran before the restart (%s)", view.placement.version, view.knobs.describe())
+            self._publish_metrics()
+
+    async def _recover_after(self, wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
+        self._recovery_timer = None
+        if self.board.version == 0 and self.registry.serving():
+            log.warning("rebuilding the placement after %.1fs with %d of %d expected expert servers back",
+                        wait_s, len(self.registry.serving()), self.expected)
+            self._start_initial()
 
     # ---- loops -------------------------------------------------------------------------------
     async def reap_forever(self) -> None:

@@ -8,7 +8,7 @@ from control_svc.board import PlacementView
 from control_svc.plane import ControlPlane
 from control_svc.status import ControlStatus, gather_status
 from moemesh.contracts.wire import (
-    STATES, control_grpc, control_pb2, held_from_proto, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
+    STATES, control_grpc, control_pb2, held_from_proto, knobs_from_proto, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
 )
 from moemesh.errors import MeshError
 from moemesh.rpc.protos import load
@@ -68,7 +68,13 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         )
 
     async def RegisterAttentionReplica(self, request, context):
-        replica_id = self.plane.register_attention(request.address, request.placement_version, request.instance)
+        try:
+            knobs = knobs_from_proto(request.knobs) if request.HasField("knobs") else None
+            replica_id = self.plane.register_attention(request.address, request.placement_version, request.instance, knobs)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"knobs: {e}")
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.RegisterAttentionReplicaResponse(replica_id=replica_id, heartbeat_interval_s=self.plane.heartbeat_interval_s)
 
     async def Heartbeat(self, request, context):

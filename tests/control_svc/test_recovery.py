@@ -8,6 +8,7 @@ import pytest
 from control_svc.recovery import check_held, rebuild_placement
 from control_svc.registry import Registry
 from moemesh.contracts.info import ServerInfo
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.errors import MeshError
 from tests.control_svc.test_plane import Clock, make_plane, settle, two_servers
 
@@ -184,5 +185,43 @@ def test_bad_held_reports_are_refused():
         with pytest.raises(MeshError, match="held: layer 5"):
             plane.register_expert(ServerInfo("", "127.0.0.1:1"), {5: (0,)}, reported_version=1)
         assert plane.registry.experts == {}
+
+    asyncio.run(main())
+
+
+def test_the_knobs_replicas_ran_survive_the_restart():
+    async def main():
+        old, new, ops = await placed_then_restarted()
+        knobs = old.board.current.knobs
+        assert knobs.top_k == 1
+        for port, sid in ((1, "expert-0"), (2, "expert-1")):
+            new.register_expert(ServerInfo(sid, f"127.0.0.1:{port}"), held_of(ops, sid), reported_version=2)
+        await new.wait_placed(5)
+        await settle(new)
+        assert new.board.current.knobs.top_k is None  # no replica has told it yet
+        new.register_attention("127.0.0.1:9", seen_version=2, knobs=knobs)  # registers after the rebuild
+        await settle(new)
+        assert new.board.current.knobs == knobs and new.board.current.placement.replicas == old.board.current.placement.replicas
+
+        # knobs set on the new plane win over what a lagging replica ran
+        await new.set_knobs(2, None, None)
+        new.register_attention("127.0.0.1:10", seen_version=2, knobs=knobs)
+        await settle(new)
+        assert new.board.current.knobs.top_k == 2
+
+    asyncio.run(main())
+
+
+def test_knobs_a_replica_reports_before_the_rebuild_go_into_it():
+    async def main():
+        old, new, ops = await placed_then_restarted()
+        new.register_attention("127.0.0.1:9", seen_version=2, knobs=old.board.current.knobs)
+        for port, sid in ((1, "expert-0"), (2, "expert-1")):
+            new.register_expert(ServerInfo(sid, f"127.0.0.1:{port}"), held_of(ops, sid), reported_version=2)
+        await new.wait_placed(5)
+        await settle(new)
+        assert new.board.version == 3 and new.board.current.knobs.top_k == 1
+        with pytest.raises(MeshError, match="top_k must be in"):
+            new.register_attention("127.0.0.1:10", seen_version=2, knobs=MoeKnobs(top_k=9))
 
     asyncio.run(main())
