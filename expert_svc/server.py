@@ -87,18 +87,27 @@ class ExpertServer:
     async def _registered_again(self, placement) -> None:
         """After registering again: with a placement (the control plane had declared this server dead,
         or rebuilt its placement before this server came back), the copies it does not give this
-        server are stale: dropped, so they hold no slots the control plane counts as free. Without
-        one (a restarted control plane rebuilding from what the servers hold) everything stays."""
+        server are stale: dropped, so they hold no slots the control plane counts as free, and those
+        it gives are loaded. Without one (a restarted control plane rebuilding from what the servers
+        hold) everything stays. An expert a LoadExperts or DropExperts changed for a newer placement
+        meanwhile (the join rebalance the registration started) is left as that call made it."""
         if placement.version == 0:
             return
-        placed = placement.experts_on(self.agent.server_id)
-        for layer, experts in self.shard.held().items():
-            stale = [e for e in experts if e not in placed.get(layer, ())]
-            if stale:
-                log.info("dropping layer %d experts %s: placement v%d does not give them to %s", layer, stale, placement.version,
-                         self.agent.server_id)
-                await asyncio.to_thread(self.shard.drop, layer, stale)
-        await self._load_placed(placement)
+        async with self.servicer.changing:
+            def newer(layer: int, e: int) -> bool:
+                return self.servicer.changed_at.get((layer, e), 0) > placement.version
+
+            placed = placement.experts_on(self.agent.server_id)
+            for layer, experts in self.shard.held().items():
+                stale = [e for e in experts if e not in placed.get(layer, ()) and not newer(layer, e)]
+                if stale:
+                    log.info("dropping layer %d experts %s: placement v%d does not give them to %s", layer, stale, placement.version,
+                             self.agent.server_id)
+                    await asyncio.to_thread(self.shard.drop, layer, stale)
+            for layer, experts in placed.items():
+                wanted = [e for e in experts if not newer(layer, e)]
+                if wanted:
+                    await asyncio.to_thread(self.shard.load, layer, wanted)
 
     async def drain(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()

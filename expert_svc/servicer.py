@@ -64,6 +64,11 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         self.dist = dist
         # with a control plane: `ControlAgent.check_drop`, which refuses drops of experts still placed here
         self.drop_guard: Callable[[dict[int, list[int]]], Awaitable[None]] | None = None
+        # held by LoadExperts / DropExperts and by the server sorting out its copies after it registered
+        # again (`ExpertServer._registered_again`), so neither undoes the other halfway
+        self.changing = asyncio.Lock()
+        # (layer, expert) -> the newest placement version a LoadExperts or DropExperts changed it for
+        self.changed_at: dict[tuple[int, int], int] = {}
 
     async def _call(self, fn, *args, inline: bool = False):
         """fn(*args) on the compute pool (or here, `inline`); failures raise MeshError with their status."""
@@ -97,9 +102,15 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
             yield resp
 
     async def LoadExperts(self, request, context):
-        for le in request.experts:
-            await self._run(context, self.shard.load, le.layer, list(le.expert_ids))
+        async with self.changing:
+            for le in request.experts:
+                await self._run(context, self.shard.load, le.layer, list(le.expert_ids))
+                self._changed(le, request.placement_version)
         return held_to_proto(self.shard.held())
+
+    def _changed(self, le, version: int) -> None:
+        for e in le.expert_ids:
+            self.changed_at[(le.layer, e)] = max(self.changed_at.get((le.layer, e), 0), version)
 
     async def DropExperts(self, request, context):
         if self.drop_guard is not None:
@@ -107,8 +118,10 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 await self.drop_guard({le.layer: list(le.expert_ids) for le in request.experts})
             except MeshError as e:
                 await context.abort(e.code, e.message)
-        for le in request.experts:
-            await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
+        async with self.changing:
+            for le in request.experts:
+                await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
+                self._changed(le, request.placement_version)
         return held_to_proto(self.shard.held())
 
     async def GetStats(self, request, context):
