@@ -69,6 +69,10 @@ class ControlAgent:
         self.placement_version = max(self.placement_version, placement.version)
         return placement
 
+    def heard_of(self, version: int) -> None:
+        """Placement `version` exists (e.g. a LoadExperts for it arrived): reported when registering again."""
+        self.placement_version = max(self.placement_version, version)
+
     def _heartbeat_request(self):
         return control_pb2.HeartbeatRequest(id=self.server_id, stats=self.stats(), instance=self.instance)
 

@@ -70,15 +70,23 @@ class ExpertServer:
         if not self.cfg.control_addr:
             return
         try:
-            self.agent = ControlAgent(self.cfg.control_addr, self.cfg.rpc, self.info(), lambda: stats_message(self.shard, gpu=self.gpu),
-                                      self.shard.held)
-            self.servicer.drop_guard = self.agent.check_drop
+            self.attach(ControlAgent(self.cfg.control_addr, self.cfg.rpc, self.info(), lambda: stats_message(self.shard, gpu=self.gpu),
+                                     self.shard.held))
             placement = await self.agent.register()
             await self._load_placed(placement)
             self._beats = asyncio.create_task(self.agent.heartbeat_forever(self._registered_again))
         except BaseException:
             await self._close()
             raise
+
+    def attach(self, agent: ControlAgent) -> None:
+        """Talk to the control plane through `agent`: drops are checked with it, and the placement
+        version of every LoadExperts / DropExperts counts as heard of (a server holding copies a
+        control plane loaded for a placement reports it when it registers again, even if no heartbeat
+        told it that placement was committed before that control plane went away)."""
+        self.agent = agent
+        self.servicer.drop_guard = agent.check_drop
+        self.servicer.version_seen = agent.heard_of
 
     async def _load_placed(self, placement) -> None:
         for layer, experts in placement.experts_on(self.agent.server_id).items():

@@ -69,6 +69,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         self.changing = asyncio.Lock()
         # (layer, expert) -> the newest placement version a LoadExperts or DropExperts changed it for
         self.changed_at: dict[tuple[int, int], int] = {}
+        self.version_seen: Callable[[int], None] = lambda version: None  # the placement version of each Load/Drop
 
     async def _call(self, fn, *args, inline: bool = False):
         """fn(*args) on the compute pool (or here, `inline`); failures raise MeshError with their status."""
@@ -109,6 +110,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         return held_to_proto(self.shard.held())
 
     def _changed(self, le, version: int) -> None:
+        self.version_seen(version)
         for e in le.expert_ids:
             self.changed_at[(le.layer, e)] = max(self.changed_at.get((le.layer, e), 0), version)
 

@@ -1,6 +1,6 @@
 """An expert server's `ControlAgent` against a fake control plane stub: a heartbeat answered unknown
 (the control plane restarted, or declared this server dead) registers the server again with the id,
-experts and newest placement version it has; the placement the registration answers then decides its
+experts and newest placement version it has (a LoadExperts' version counts); the placement the registration answers then decides its
 copies (stale ones dropped, placed ones loaded) except those a LoadExperts for a newer placement
 changed meanwhile; the heartbeat loop goes on afterwards."""
 import asyncio
@@ -17,7 +17,7 @@ expert_pb2, _ = load("expert")
 
 
 class FakeControl:
-    """Heartbeats: known with placement v6, then unknown once, then known. The registration is
+    """Heartbeats: known with placement v3 committed, then unknown once, then known. The registration is
     answered with `placement`; before answering, `meanwhile` runs (what the control plane does while
     the answer travels: the join rebalance's LoadExperts)."""
 
@@ -28,7 +28,7 @@ class FakeControl:
 
     async def Heartbeat(self, req, timeout=None):  # noqa: N802 - gRPC method name
         self.heartbeats.append(req)
-        return control_pb2.HeartbeatResponse(known=len(self.heartbeats) != 2, placement_version=6)
+        return control_pb2.HeartbeatResponse(known=len(self.heartbeats) != 2, placement_version=3)
 
     async def RegisterExpertServer(self, req, timeout=None, wait_for_ready=False):  # noqa: N802
         self.registrations.append(req)
@@ -43,11 +43,13 @@ def test_a_forgotten_server_registers_again_with_what_it_has_and_keeps_what_a_ne
         shard = server.shard
         for le in list(shard.held()):
             shard.drop(le, range(8))
-        shard.load(layer, [0, 1, 2, 3])  # what it held before the control plane forgot it
+
+        async def load_for(version, experts):
+            req = expert_pb2.LoadExpertsRequest(placement_version=version, experts=[expert_pb2.LayerExperts(layer=layer, expert_ids=experts)])
+            await server.servicer.LoadExperts(req, None)
 
         async def join_rebalance():  # expert 2 loaded here for placement v8, before the v7 answer is handled
-            req = expert_pb2.LoadExpertsRequest(placement_version=8, experts=[expert_pb2.LayerExperts(layer=layer, expert_ids=[2])])
-            await server.servicer.LoadExperts(req, None)
+            await load_for(8, [2])
 
         # placement v7 (answered to the registration): expert 5 on this server's new id, the rest elsewhere
         v7 = Placement(7, {layer: tuple(("expert-4",) if e == 5 else ("expert-0",) for e in range(8))})
@@ -56,7 +58,9 @@ def test_a_forgotten_server_registers_again_with_what_it_has_and_keeps_what_a_ne
         async def run():
             agent = ControlAgent("127.0.0.1:9", TEST_RPC, server.info(), lambda: None, shard.held)
             agent.stub, agent.server_id, agent.interval_s = fake, "expert-1", 0.01
-            server.agent = agent
+            server.attach(agent)
+            # what it held before the control plane forgot it: loaded for v6, whose commit no heartbeat told it of
+            await load_for(6, [0, 1, 2, 3])
             beats = asyncio.create_task(agent.heartbeat_forever(server._registered_again))
             try:
                 for _ in range(500):
@@ -75,6 +79,6 @@ def test_a_forgotten_server_registers_again_with_what_it_has_and_keeps_what_a_ne
         assert req.server.server_id == "expert-1" and req.placement_version == 6 and req.instance == agent.instance != ""
         assert held_from_proto(req.held) == {layer: (0, 1, 2, 3)}
         assert {h.instance for h in fake.heartbeats} == {agent.instance}
-        assert agent.server_id == "expert-4" and fake.heartbeats[-1].id == "expert-4" and agent.placement_version == 7
+        assert agent.server_id == "expert-4" and fake.heartbeats[-1].id == "expert-4" and agent.placement_version == 8
         # 0, 1, 3 stale (dropped); 2 loaded for the newer v8 (kept); 5 placed by v7 (loaded)
         assert shard.held() == {layer: (2, 5)}
