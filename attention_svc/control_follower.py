@@ -129,7 +129,10 @@ class ControlFollower:
             why = "ended"
             try:
                 async for msg in self._updates:
-                    self._apply_update(msg)
+                    try:
+                        self._apply_update(msg)
+                    except Exception:  # noqa: BLE001 - e.g. an update naming a server without its address: the next one counts
+                        log.exception("placement update v%d from the control plane could not be staged", msg.placement.version)
                     wake()
                     backoff = RESUBSCRIBE_BACKOFF_S
             except grpc.aio.AioRpcError as e:
@@ -150,7 +153,7 @@ class ControlFollower:
         self._received(placement, msg)
         self.experts.set_placement(placement, servers)
         if msg.dead_servers:
-            self.experts.servers_dead(msg.dead_servers, f"declared dead by the control plane (placement v{placement.version})")
+            self.experts.servers_dead(msg.dead_servers, f"declared dead by the control plane (placement v{placement.version})", placement.version)
 
     async def _heartbeat(self, address: str, interval_s: float) -> None:
         """Heartbeat the adopted version; register again when the control plane does not know us."""

@@ -27,10 +27,11 @@ experts' weights, so a retried layer computes the same outputs (up to the float3
 different grouping of the partial sums).
 
 A server that hangs instead of failing (stopped, or cut off without a reset) answers nothing until
-the transport's timeout. So when the control plane declares a server dead (`servers_dead`, from the
-placement update that drops it) or a placement without a server is adopted, the calls still waiting
-on that server fail at once with UNAVAILABLE naming it and take the failover path above, and its
-transport is closed; until a placement names that id again, calls to it fail at once too.
+the transport's timeout. So when the control plane declares a server dead (`servers_dead`: the news
+comes at once, with the placement in force, and again with the placement that drops the server) or a
+placement without a server is adopted, the calls still waiting on that server fail at once with
+UNAVAILABLE naming it and take the failover path above, and its transport is closed; until a newer
+placement names that id again, calls to it fail at once too.
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ class RemoteExperts:
         self._newest = placement  # the newest placement staged or adopted
         self._retired: list[tuple[int, ExpertTransport]] = []  # (version that retired it, transport)
         self._waiting: dict[str, set[Future]] = {}  # server -> its transports' futures not answered yet
-        self._dead: dict[str, str] = {}  # server declared dead -> why (until a placement names it again)
+        # server declared dead -> (why, the placement version the news came with); until a newer placement names it again
+        self._dead: dict[str, tuple[str, int]] = {}
         self._last_layer = -1
         self._rotation = 0  # which copy computes an expert for a plan that sends every token to every expert
         self.placement = Placement(version=0)
@@ -140,10 +142,11 @@ class RemoteExperts:
         check_servers(placement, servers)
         opened: dict[str, tuple[PeerInfo, ExpertTransport]] = {}
         with self._lock:
-            current, dead = dict(self._transports), set(self._dead)
+            current = dict(self._transports)
+            back = {sid for sid, (_, as_of) in self._dead.items() if as_of < placement.version}  # named again by a newer placement
         for sid in placement.servers():
             have = current.get(sid)
-            if have is not None and have[0].address == servers[sid].address and sid not in dead:
+            if have is not None and have[0].address == servers[sid].address and sid not in back:
                 opened[sid] = have
             else:  # new, moved, or a server of that id came back after being declared dead (its transport is closed)
                 opened[sid] = (servers[sid], self.transport_for(servers[sid]))
@@ -155,24 +158,26 @@ class RemoteExperts:
                     self._retired.append((placement.version, t))
             self._transports = opened
             self.placement, self._layers = placement, layers
-            for sid in placement.servers():
-                self._dead.pop(sid, None)
+            for sid in back & set(placement.servers()):
+                del self._dead[sid]
             dropped = [sid for sid in self._waiting if sid not in opened]
         for sid in dropped:  # calls of an older placement to a server this one drops: retried on this one now
             self._fail_waiting(sid, current[sid][0].address if sid in current else "", f"placement v{placement.version} no longer uses this server")
         self._close_retired()
 
-    def servers_dead(self, server_ids: Iterable[str], why: str) -> None:
-        """The control plane declared these servers dead: their waiting calls fail now (UNAVAILABLE
-        naming the server, so the layer fails over), their transports close, and calls to them fail
-        at once until a placement names them again."""
+    def servers_dead(self, server_ids: Iterable[str], why: str, as_of_version: int) -> None:
+        """The control plane declared these servers dead (news that came with placement
+        `as_of_version`, which may still name them: the placement without them can take a while):
+        their waiting calls fail now (UNAVAILABLE naming the server, so the layer fails over on the
+        placement without them), their transports close, and calls to them fail at once until a newer
+        placement names them again."""
         closing = []
         with self._lock:
-            named = set(self._newest.servers())
+            named = set(self._newest.servers()) if self._newest.version > as_of_version else set()
             for sid in server_ids:
-                if sid in self._dead or sid in named:  # already handled, or (again) a live server of the newest placement
+                if sid in self._dead or sid in named:  # already handled, or (again) a live server of a newer placement
                     continue
-                self._dead[sid] = why
+                self._dead[sid] = (why, as_of_version)
                 have = self._transports.get(sid)
                 if have is not None:
                     closing.append((sid, have))
@@ -235,7 +240,7 @@ class RemoteExperts:
                 dead = self._dead.get(sid)
             try:
                 if dead is not None:
-                    raise MeshError(grpc.StatusCode.UNAVAILABLE, dead, server_id=sid)
+                    raise MeshError(grpc.StatusCode.UNAVAILABLE, dead[0], server_id=sid)
                 fut = transports[sid].forward(request_for(call, part, placement.version))
             except Exception as e:  # noqa: BLE001 - e.g. encoding failed: reported like a failed call
                 fut = Future()
@@ -278,7 +283,7 @@ class RemoteExperts:
         """Report the server, wait for a placement without it, adopt it and try the layer again."""
         log.warning("layer %d on placement v%d failed (%r): waiting for a placement without %s", call.layer, version, err, err.server_id)
         with self._lock:
-            known = self._newest.version > version and err.server_id not in self._newest.servers()
+            known = (self._newest.version > version and err.server_id not in self._newest.servers()) or err.server_id in self._dead
         if self.report_failure is not None and not known:  # else the control plane has already moved on
             try:
                 self.report_failure(err.server_id, str(err))

@@ -328,6 +328,7 @@ class ControlPlane:
 
         async def evacuate_and_forget() -> None:
             try:
+                await self.board.note_dead(tuple(self.registry.dead()))  # replicas fail its waiting calls over now
                 await self._evacuate(server_id)
             finally:
                 await self.ops.forget(server_id)  # its channel (and reconnect backoff) goes with it

@@ -1,7 +1,7 @@
 """`ControlFollower` against a fake control plane stub: a placement watch the control plane cancels,
 ends or breaks is reopened after the newest version received, with a backoff that doubles while it
 keeps failing and starts again once an update arrives; the servers an update names dead are handed
-to the experts at once; a heartbeat answered unknown registers the replica again with the newest
+to the experts at once (also when it repeats the version in force: a death notice); a heartbeat answered unknown registers the replica again with the newest
 version it received and the knobs that version carries."""
 import asyncio
 import logging
@@ -80,13 +80,13 @@ class FakeExperts:
 
     def __init__(self):
         self.staged: list[int] = []
-        self.dead: list[tuple[list[str], str]] = []
+        self.dead: list[tuple[list[str], int]] = []
 
     def set_placement(self, placement, servers):
         self.staged.append(placement.version)
 
-    def servers_dead(self, server_ids, why):
-        self.dead.append((list(server_ids), why))
+    def servers_dead(self, server_ids, why, as_of_version):
+        self.dead.append((list(server_ids), as_of_version))
 
 
 async def until(predicate, what, timeout_s=5.0):
@@ -105,7 +105,8 @@ def test_the_watch_is_reopened_however_it_ends_and_a_forgotten_replica_registers
             Watch([update(1, ("expert-0", "expert-1"))], rpc_error(grpc.StatusCode.CANCELLED)),  # the control plane shut down
             Watch([], rpc_error(grpc.StatusCode.UNAVAILABLE)),  # not back yet
             Watch([], rpc_error(grpc.StatusCode.UNAVAILABLE)),
-            Watch([update(5, ("expert-0",), dead=("expert-1",), knobs=knobs)], None),  # back, then the stream ends
+            # back: expert-1 declared dead at once (with the placement in force), then the placement without it; the stream ends
+            Watch([update(1, ("expert-0", "expert-1"), dead=("expert-1",)), update(5, ("expert-0",), dead=("expert-1",), knobs=knobs)], None),
             Watch([], rpc_error(grpc.StatusCode.UNAVAILABLE)),
         ],
     )
@@ -126,7 +127,7 @@ def test_the_watch_is_reopened_however_it_ends_and_a_forgotten_replica_registers
 
     experts = asyncio.run(main())
     assert [r.after_version for r in fake.watch_requests] == [0, 1, 1, 1, 5, 5]
-    assert experts.staged == [5] and experts.dead == [(["expert-1"], "declared dead by the control plane (placement v5)")]
+    assert experts.staged == [1, 5] and experts.dead == [(["expert-1"], 1), (["expert-1"], 5)]
     # the backoff doubles while reopening fails and starts again once an update arrived
     waits = [r.args[-1] for r in caplog.records if "placement watch" in r.getMessage()][:5]
     assert waits == pytest.approx([0.01, 0.02, 0.04, 0.01, 0.02])

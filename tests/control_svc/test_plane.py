@@ -171,6 +171,39 @@ def test_the_placement_without_a_dead_server_names_it_dead_to_the_replicas():
     asyncio.run(main())
 
 
+def test_replicas_hear_of_a_death_at_once_even_when_no_placement_without_the_server_comes():
+    """A death notice goes to the watchers before the failover's placement: here the survivor cannot
+    load the dead server's sole copies, so that placement never comes, yet the replicas are told (the
+    committed version again, listing the server) and fail its waiting calls now. A watcher that
+    subscribes afterwards at that version hears it first of all."""
+    async def main():
+        plane, ops, _, _ = make_plane()
+        await two_servers(plane)  # round robin: every copy sole
+        version = plane.board.version
+        heard = []
+
+        async def watch(after):
+            async for view in plane.board.watch(after):
+                heard.append((after, view.placement.version, view.dead))
+
+        early = asyncio.create_task(watch(version))
+        await asyncio.sleep(0.01)
+        ops.down.add("expert-0")  # loads on the survivor fail: no placement without expert-1
+        assert plane.declare_dead("expert-1", "test")
+        await settle(plane)
+        assert plane.board.version == version and "expert-1" in plane.board.current.placement.servers()
+        late = asyncio.create_task(watch(version))
+        for _ in range(100):
+            if len(heard) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        early.cancel()
+        late.cancel()
+        assert sorted(heard) == [(version, version, ("expert-1",))] * 2
+
+    asyncio.run(main())
+
+
 def test_a_silent_server_is_declared_dead_within_a_tenth_of_dead_after_not_a_heartbeat_interval():
     """The reaper looks every dead_after_s / 10 when that is shorter than the heartbeat interval, so a
     hung server's calls fail over about dead_after_s after its last heartbeat."""
