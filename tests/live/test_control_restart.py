@@ -31,8 +31,8 @@ def test_failover_works_after_a_control_plane_restart(skewed_model, greedy, tmp_
             restarted_at = time.monotonic()
             mesh.restart("control", mesh.control)
             st = mesh.wait_for(
-                lambda st: st["placement_version"] > before["placement_version"] and st["replicas"]
-                and all(r["adopted_version"] == st["placement_version"] for r in st["replicas"] if r["alive"]),
+                lambda st: int(st["placement_version"]) > int(before["placement_version"]) and st["replicas"]  # uint64: strings in JSON
+                and all(int(r.get("adopted_version", 0)) == int(st["placement_version"]) for r in st["replicas"] if r["alive"]),
                 60, "a rebuilt placement that the replica runs")
             rebuilt_s = time.monotonic() - restarted_at
             assert copies(st) == copies(before)  # the same servers (same ids) hold the same copies
