@@ -168,6 +168,8 @@ class ControlFollower:
                                 self.replica_id, self._seen)
             except grpc.aio.AioRpcError as e:
                 log.warning("heartbeat to the control plane failed: %s", e.details())
+            except Exception:  # noqa: BLE001 - the next interval tries again: this task must not end while serving
+                log.exception("heartbeat or registration with the control plane failed")
 
     def begin_step(self) -> None:
         """Between engine steps: adopt a staged placement and the knobs its version carries."""

@@ -135,3 +135,30 @@ def test_the_watch_is_reopened_however_it_ends_and_a_forgotten_replica_registers
     assert (first.placement_version, again.placement_version) == (1, 5)
     assert knobs_from_proto(again.knobs) == knobs and again.instance == first.instance != ""
     assert {h.instance for h in fake.heartbeats} == {first.instance}
+
+
+def test_a_failed_registration_does_not_end_the_heartbeats():
+    """Registering again can fail in ways other than an RPC error (here: the stub raises); the next
+    heartbeat tries again, so the replica is not left unknown to the control plane for good."""
+    class Flaky(FakeControl):
+        async def RegisterAttentionReplica(self, req, timeout=None):  # noqa: N802
+            if len(self.registrations) == 1:
+                self.registrations.append(None)
+                raise RuntimeError("registration failed")
+            return await super().RegisterAttentionReplica(req, timeout)
+
+    fake = Flaky(watches=[Watch([update(1, ("expert-0", "expert-1"))], "hang")])
+
+    async def main():
+        follower = ControlFollower("127.0.0.1:9", TEST_RPC)
+        follower.stub = fake
+        await follower.first_placement(5)
+        await follower.start(FakeExperts(), "127.0.0.1:7")
+        fake.known = False
+        await until(lambda: len(fake.registrations) >= 3, "the replica registers again after a failed registration")
+        fake.known = True
+        await until(lambda: fake.heartbeats[-1].id == follower.replica_id, "heartbeats go on under the new id")
+        await follower.close()
+
+    asyncio.run(main())
+    assert fake.registrations[1] is None and fake.registrations[2].placement_version == 1
