@@ -8,7 +8,9 @@ with `load_expert_weights` from the memory-mapped checkpoint; dense experts are 
 concatenated layout of `ConcatenatedExperts` too (the same storage), so `forward_weighted` over all
 of them is two plain matmuls. `load`/`drop` build the layer's new
 weights off to the side and swap in an immutable `LayerShard`, so a forward that started on the old
-set finishes on it: a live placement change never disturbs a request in flight.
+set finishes on it: a live placement change never disturbs a request in flight. Only the experts a
+`load` adds are read from the checkpoint (`experts_read` counts them); the ones held are copied from
+memory into the new layer, and a `drop` reads nothing.
 """
 from __future__ import annotations
 
@@ -73,6 +75,7 @@ class ExpertShard:
         self.stats = stats or ShardStats(model.moe_layers, model.num_experts)
         self._layers: dict[int, LayerShard] = {}
         self._mutate = threading.Lock()  # one load/drop at a time; forwards never take it
+        self.experts_read = 0  # (layer, expert) weights read from the checkpoint since start
 
     # ---- placement changes -------------------------------------------------------------------
     def held(self) -> dict[int, tuple[int, ...]]:
@@ -95,7 +98,16 @@ class ExpertShard:
                     f"loading layer {layer} experts {sorted(want - have)} needs {self.slots_used() - len(have) + len(new)} slots, "
                     f"slot_budget is {self.slot_budget}"
                 )
-            self._install(layer, new)
+            added = sorted(want - have)
+            fresh = weights_to(load_expert_weights(self.reader, self.model, layer, added, self.dtype, self.experts_dtype), self.device)
+            self.experts_read += len(added)
+            if current is None:
+                self._install(layer, added, fresh)
+            else:  # held experts then added ones, put in id order
+                combined = list(current.expert_ids) + added
+                order = sorted(range(len(combined)), key=combined.__getitem__)
+                merged = ExpertWeights.concat([current.weights, fresh]).select(torch.tensor(order))
+                self._install(layer, new, merged)
             return tuple(new)
 
     def drop(self, layer: int, experts: Iterable[int]) -> tuple[int, ...]:
@@ -109,7 +121,8 @@ class ExpertShard:
             if len(keep) == len(current.expert_ids):
                 return current.expert_ids
             if keep:
-                self._install(layer, keep)
+                at = [i for i, e in enumerate(current.expert_ids) if e not in gone]
+                self._install(layer, keep, current.weights.select(torch.tensor(at)))
             else:
                 del self._layers[layer]
             return tuple(keep)
@@ -118,8 +131,8 @@ class ExpertShard:
         for layer in self.model.moe_layers:
             self.load(layer, range(self.model.num_experts))
 
-    def _install(self, layer: int, expert_ids: list[int]) -> None:
-        w = weights_to(load_expert_weights(self.reader, self.model, layer, expert_ids, self.dtype, self.experts_dtype), self.device)
+    def _install(self, layer: int, expert_ids: list[int], w: ExpertWeights) -> None:
+        """Serve `w` (experts `expert_ids`, ascending, on the shard's device) for `layer` from now on."""
         adopted = ConcatenatedExperts.adopt(w)
         if adopted is None:
             self._layers[layer] = LayerShard(tuple(expert_ids), w)

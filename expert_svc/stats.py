@@ -1,5 +1,10 @@
 """`ShardStats`: tokens per (layer, expert) over a sliding window, requests, busy time and queue
-depth of one expert server; optionally mirrored into the server's Prometheus `ServiceMetrics`."""
+depth of one expert server; optionally mirrored into the server's Prometheus `ServiceMetrics`.
+
+Over the same window it also sums the work done (`WORK`): calls, (call, expert) pairs, rows, the
+seconds spent computing and the seconds with at least one call in service (from its arrival to
+its answer: decoding, computing, encoding, and any wait for the server's CPU budget). The control
+plane calibrates its cost model from these (`control_svc/cost_model.py`)."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +14,9 @@ from typing import Sequence
 
 import torch
 
-from moemesh.telemetry import ExpertLoadCounter, ServiceMetrics
+from moemesh.telemetry import ExpertLoadCounter, ServiceMetrics, SlidingSums
+
+WORK = ("requests", "expert_calls", "rows", "busy_seconds", "service_seconds")
 
 
 @dataclass(frozen=True)
@@ -19,6 +26,7 @@ class StatsSnapshot:
     busy_seconds: float  # since start or the last reset
     window_seconds: float
     queue_depth: int
+    work: dict[str, float]  # WORK sums over the window, and "seconds": the time they cover
 
 
 class ShardStats:
@@ -32,23 +40,33 @@ class ShardStats:
     ):
         """layers: the model's MoE layer ids; window_s: the sliding load window the control plane reads."""
         self.load = ExpertLoadCounter(list(layers), num_experts, window_s=window_s, clock=clock)
+        self.work = SlidingSums(WORK, window_s=window_s, clock=clock)
         self.metrics = metrics
+        self._clock = clock
         self._lock = threading.Lock()
         self._requests = 0
         self._busy = 0.0
         self._in_flight = 0
+        self._serving_since = 0.0  # when in_flight last rose from 0
 
     def enter(self) -> None:
+        """A call arrived (decode, compute and answer follow)."""
         with self._lock:
+            if self._in_flight == 0:
+                self._serving_since = self._clock()
             self._in_flight += 1
             n = self._in_flight
         if self.metrics is not None:
             self.metrics.set_queue_depth(n)
 
     def leave(self) -> None:
+        """A call was answered."""
         with self._lock:
             self._in_flight -= 1
             n = self._in_flight
+            served = self._clock() - self._serving_since if n == 0 else 0.0
+        if served:
+            self.work.add(service_seconds=served)
         if self.metrics is not None:
             self.metrics.set_queue_depth(n)
 
@@ -60,6 +78,7 @@ class ShardStats:
         """One computed request: counts[G] rows for expert_ids[G] of `layer`, `seconds` of compute."""
         if expert_ids:
             self.load.add_sparse(layer, torch.tensor(expert_ids, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64))
+        self.work.add(requests=1, expert_calls=sum(1 for c in counts if c), rows=sum(counts), busy_seconds=seconds)
         with self._lock:
             self._requests += 1
             self._busy += seconds
@@ -75,7 +94,7 @@ class ShardStats:
             if n
         }
         with self._lock:
-            snap = StatsSnapshot(tokens, self._requests, self._busy, self.load.window_s, self._in_flight)
+            snap = StatsSnapshot(tokens, self._requests, self._busy, self.load.window_s, self._in_flight, self.work.window())
             if reset:
                 self._requests = 0
                 self._busy = 0.0

@@ -8,6 +8,7 @@ Shape legend:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -94,11 +95,38 @@ class ExpertWeights:
 
         return ExpertWeights(pick(self.gate_up), pick(self.down), pick(self.gate_up_bias), pick(self.down_bias), self.activation)
 
+    @staticmethod
+    def concat(parts: "list[ExpertWeights]") -> "ExpertWeights":
+        """The experts of `parts` one after another along E (every part in one format, with the
+        same shapes per expert and the same activation)."""
+        if not parts or len({p.activation for p in parts}) != 1 or len({p.fmt for p in parts}) != 1:
+            raise ValueError("parts: need at least one, all of one format and activation")
+        return ExpertWeights(*(_cat([getattr(p, n) for p in parts], n) for n in ("gate_up", "down", "gate_up_bias", "down_bias")),
+                             activation=parts[0].activation)
+
     def to(self, device) -> "ExpertWeights":
         def move(t):
             return None if t is None else t.to(device)
 
         return ExpertWeights(move(self.gate_up), move(self.down), move(self.gate_up_bias), move(self.down_bias), self.activation)
+
+
+def _cat(values: list, name: str):
+    """Tensors (or quantized experts, whose tensor fields all lead with E) concatenated along E."""
+    if all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        raise ValueError(f"parts: {name} is set in some parts only")
+    if isinstance(values[0], Tensor):
+        return torch.cat(values)
+    fields = {}
+    for f in dataclasses.fields(values[0]):
+        vs = [getattr(v, f.name) for v in values]
+        if isinstance(vs[0], Tensor) or vs[0] is None:
+            fields[f.name] = _cat(vs, f"{name}.{f.name}")
+        elif any(v != vs[0] for v in vs):
+            raise ValueError(f"parts: {name}.{f.name} differs between parts ({vs})")
+    return dataclasses.replace(values[0], **fields)
 
 
 def dequantized(t, dtype: torch.dtype, experts: Tensor | None = None) -> Tensor:

@@ -55,6 +55,42 @@ def test_live_load_and_drop_keep_results_exact(moe_dir):
     assert shard.drop(0, [7]) == () and shard.held() == {}
 
 
+def test_a_load_reads_only_the_experts_it_adds_and_a_drop_reads_none(moe_dir, monkeypatch):
+    import expert_svc.shard as shard_module
+
+    cfg, weights = all_weights(moe_dir)
+    shard = make_shard(moe_dir)
+    read = []
+    real = shard_module.load_expert_weights
+    monkeypatch.setattr(shard_module, "load_expert_weights", lambda r, m, layer, ids, *a: read.append((layer, list(ids))) or real(r, m, layer, ids, *a))
+    shard.load(0, [5, 1])
+    shard.load(0, [3, 1, 7])  # 1 is held: only 3 and 7 are read
+    assert shard.drop(0, [5]) == (1, 3, 7)
+    shard.load(0, [0])
+    assert read == [(0, [1, 5]), (0, [3, 7]), (0, [0])] and shard.experts_read == 5
+    x, ids, counts = routed_rows(16, [7, 0, 3, 1])
+    at_once = make_shard(moe_dir)
+    at_once.load(0, [0, 1, 3, 7])
+    torch.testing.assert_close(shard.forward(0, x, ids.tolist(), counts.tolist()), at_once.forward(0, x, ids.tolist(), counts.tolist()),
+                               rtol=0, atol=0)
+    t = x[:5]
+    w = torch.rand(5, 4)
+    torch.testing.assert_close(shard.forward_weighted(0, t, [0, 1, 3, 7], w), at_once.forward_weighted(0, t, [0, 1, 3, 7], w), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4", "bf16"])
+def test_growing_a_quantized_layer_keeps_its_experts_exact(moe_dir, fmt):
+    shard = make_shard(moe_dir, experts_dtype=fmt)
+    shard.load(1, [6, 2])
+    shard.load(1, [4, 0])
+    shard.drop(1, [2])
+    at_once = make_shard(moe_dir, experts_dtype=fmt)
+    at_once.load(1, [0, 4, 6])
+    x, ids, counts = routed_rows(12, [4, 0, 6])
+    torch.testing.assert_close(shard.forward(1, x, ids.tolist(), counts.tolist()), at_once.forward(1, x, ids.tolist(), counts.tolist()),
+                               rtol=0, atol=0)
+
+
 def test_slot_budget(moe_dir):
     shard = make_shard(moe_dir, slot_budget=3)
     shard.load(0, [0, 1])
