@@ -57,14 +57,17 @@ class PlacementSwitch:
         adopted: Callable[[], list[int | None]],
         prepare_timeout_s: float,
         release_timeout_s: float,
+        on_loaded: Callable[[int, float], None] = lambda copies, seconds: None,
     ):
-        """servers(): id -> ServerInfo of known servers; adopted(): versions live attention replicas run."""
+        """servers(): id -> ServerInfo of known servers; adopted(): versions live attention replicas run;
+        on_loaded(copies, seconds): one server's prepare call loaded `copies` in `seconds` (the cost model's rate)."""
         self.ops = ops
         self.board = board
         self.servers = servers
         self.adopted = adopted
         self.prepare_timeout_s = prepare_timeout_s
         self.release_timeout_s = release_timeout_s
+        self.on_loaded = on_loaded
         self._lock = asyncio.Lock()  # one prepare + commit at a time
         self.running = 0  # changes between prepare and the end of release
 
@@ -103,7 +106,13 @@ class PlacementSwitch:
             self.running -= 1
 
     async def prepare(self, to_load: dict[str, LayerExperts], known: Mapping[str, ServerInfo], version: int) -> None:
-        calls = [self.ops.load(known[s], experts, version) for s, experts in to_load.items()]
+        async def timed(server: ServerInfo, experts: LayerExperts) -> None:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            await self.ops.load(server, experts, version)
+            self.on_loaded(sum(len(es) for es in experts.values()), loop.time() - start)
+
+        calls = [timed(known[s], experts) for s, experts in to_load.items()]
         try:
             await asyncio.wait_for(asyncio.gather(*calls), self.prepare_timeout_s)
         except Exception as e:

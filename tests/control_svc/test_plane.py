@@ -101,6 +101,49 @@ def test_rebalance_replicates_hot_experts_and_publishes_balancedness():
     asyncio.run(main())
 
 
+def work_stats(tokens: dict[tuple[int, int], int], requests: int, expert_calls: int, busy_s: float, service_s: float):
+    """A heartbeat's stats with its window work (10 s of it)."""
+    st = stats(tokens)
+    st.window_work.CopyFrom(expert_pb2.ExpertWork(seconds=10.0, requests=requests, expert_calls=expert_calls,
+                                                  rows=sum(tokens.values()), busy_seconds=busy_s, service_seconds=service_s))
+    return st
+
+
+def test_a_dry_run_prices_the_plan_from_the_servers_reports_and_switches_nothing():
+    async def main():
+        plane, ops, _, _ = make_plane(redundant_experts=2)
+        await two_servers(plane)
+        hot = {(l, e): (3000 if e in (0, 2) else 10) for l in LAYERS for e in range(0, 8, 2)}
+        cold = {(l, e): 10 for l in LAYERS for e in range(1, 8, 2)}
+        plane.heartbeat("expert-0", None, work_stats(hot, requests=400, expert_calls=1600, busy_s=6.0, service_s=7.0))
+        plane.heartbeat("expert-1", None, work_stats(cold, requests=400, expert_calls=300, busy_s=0.5, service_s=1.5))
+        held = {s: set(h) for s, h in ops.held.items()}
+        plan = await plane.rebalance(dry_run=True)
+        assert plan.placement is not None and plane.board.version == 1 and ops.held == held  # nothing loaded
+        assert plan.prediction.gain > 1.05 and plan.switch.copies == plan.moves > 0
+        cost = plane.cost_inputs(plane.board.current).costs
+        assert cost.calibrated and cost.steps == 400 / len(LAYERS) and cost.step_s == 10.0 / 200
+        assert cost.server("expert-0").call_s == pytest.approx(1.0 / 400)
+        switched = await plane.rebalance()
+        assert switched.placement == plane.board.current.placement and plane.board.version == 2
+        assert plane.seconds_per_copy is not None  # the prepare phase's rate, for the next switch's cost
+
+    asyncio.run(main())
+
+
+def test_a_lower_top_k_is_predicted_faster():
+    async def main():
+        plane, _, _, _ = make_plane()
+        await two_servers(plane)
+        skew(plane)
+        halved = plane.predict_knobs(1, None, None)  # the model's top-2 of 8 -> 1
+        assert halved.gain > 1.0
+        assert plane.predict_knobs(None, 1.5, None).gain == pytest.approx(1.0)  # capacity is not in the model
+        assert plane.board.version == 1
+
+    asyncio.run(main())
+
+
 def test_knobs_are_a_new_version_with_the_same_replicas():
     async def main():
         plane, _, _, _ = make_plane()

@@ -1,0 +1,232 @@
+"""What a placement costs per step and what a switch costs: the numbers a rebalance decision weighs.
+
+Step model. In each MoE layer the attention replica sends one call to every expert server holding
+experts its tokens are routed to, all at once, and waits for the slowest. A server's time for its
+call is
+    call_s (if called) + expert_s x (experts it computes) + row_s x (rows it computes) + rows x row_bytes / bandwidth
+and the replica spends `fanout_s` per server it calls (encoding, sending, gathering). The expert part
+of a step is therefore
+    T(placement) = sum over layers [ max over servers (time) + fanout_s x (servers called) ].
+Rows per step of each (layer, expert) are the window load over the steps in the window; the copies
+of an expert share its rows evenly (as the attention replicas split them); a copy getting r rows a
+step computes with probability 1 - e^-r and a server is called with probability 1 - e^-(its rows)
+(rows arrive as a Poisson stream). The rest of a step (attention, sampling, the router) is the
+measured step time less T(current placement): `other_s`. A placement's predicted gain over the
+current one is (other_s + T(current)) / (other_s + T(new)). When the mesh idled during the window
+the measured step time is too long, which only makes the predicted gain smaller.
+
+Calibration (`calibrate`) from what each expert server reports over its load window
+(`WorkSample`, ExpertStats.window_work): calls, experts computed, rows, seconds computing and
+seconds with a call in service. Compute seconds are fitted as expert_s x experts + row_s x rows over
+all servers (least squares, pulled towards the priors so that little traffic cannot set them
+alone); each server's costs are then scaled by its own measured / fitted compute time (a server on a
+smaller CPU budget is slower), and its call_s is its in-service seconds not spent computing, per
+call. Steps in the window: the most calls one server got over the number of MoE layers (a server
+holding warm experts is called at every layer of every step); the measured step time is that
+server's window over them. Without reports the priors stand (`CostPriors`, from the model's
+shape), and a step is taken to carry one token.
+
+Switch cost (`switch_cost`): the copies a switch loads (exactly the diff), their bytes, and the
+seconds the loading takes (seconds per copy calibrated from the last switches' prepare phases).
+
+Shape letters: L MoE layers, E logical experts, S servers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+import torch
+
+from moemesh.contracts.placement import Placement
+
+MIN_SCALE, MAX_SCALE = 0.2, 5.0  # how far one server's measured speed may set it apart from the fit
+PRIOR_WEIGHT = 1e-3  # how strongly the fit is pulled towards the priors (relative to the data): decides only what the data leave open
+
+
+@dataclass(frozen=True)
+class ServerCost:
+    """Seconds one expert server spends per call, per expert it computes in a call, per row."""
+
+    call_s: float
+    expert_s: float
+    row_s: float
+
+    def scaled(self, compute: float) -> "ServerCost":
+        return ServerCost(self.call_s, self.expert_s * compute, self.row_s * compute)
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """What the cost model needs of the model: an expert's size and what one row of it computes."""
+
+    hidden_size: int
+    intermediate_size: int
+    weight_bytes: int = 2  # bytes per weight as served
+    activation_bytes: int = 2  # bytes per activation on the wire
+    top_k: int = 1  # the model's
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size * self.weight_bytes
+
+    @property
+    def row_flops(self) -> int:
+        return 6 * self.hidden_size * self.intermediate_size
+
+    @property
+    def row_bytes(self) -> int:
+        """A row's activations out and its result back."""
+        return 2 * self.hidden_size * self.activation_bytes
+
+
+@dataclass(frozen=True)
+class CostPriors:
+    """What the model assumes before any server reported: a CPU core's rates, a loopback link."""
+
+    call_s: float = 200e-6  # an expert server's per-call work (decode, dispatch, encode)
+    fanout_s: float = 100e-6  # the attention replica's per-server work in a layer
+    read_bytes_s: float = 20e9  # expert weights read per second (decode is bound by this)
+    flops_s: float = 50e9  # expert MLP flops per second
+    link_bytes_s: float = 2e9  # activations per second over the transport
+    load_bytes_s: float = 1e9  # expert weights loaded per second during a switch
+
+    def server(self, shape: ExpertShape) -> ServerCost:
+        return ServerCost(self.call_s, shape.expert_bytes / self.read_bytes_s, shape.row_flops / self.flops_s)
+
+
+@dataclass(frozen=True)
+class WorkSample:
+    """One expert server's work over its load window (ExpertStats.window_work)."""
+
+    seconds: float
+    requests: int
+    expert_calls: int
+    rows: int
+    busy_s: float
+    service_s: float
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The calibrated model. `steps`: steps in the load window (None: unknown, one token a step);
+    `step_s`: measured seconds per step (None: unknown, nothing outside the experts)."""
+
+    default: ServerCost
+    servers: Mapping[str, ServerCost] = field(default_factory=dict)
+    fanout_s: float = CostPriors.fanout_s
+    row_bytes: int = 0
+    link_bytes_s: float = CostPriors.link_bytes_s
+    steps: float | None = None
+    step_s: float | None = None
+    calibrated: bool = False  # from server reports, not priors alone
+
+    def server(self, server_id: str) -> ServerCost:
+        return self.servers.get(server_id, self.default)
+
+
+def _fit(samples: Sequence[WorkSample], prior: ServerCost) -> tuple[float, float]:
+    """(expert_s, row_s): busy = expert_s x expert_calls + row_s x rows, least squares over the
+    samples as multiples of the priors, pulled towards 1 with PRIOR_WEIGHT, each at least 5%."""
+    x = torch.tensor([[s.expert_calls * prior.expert_s, s.rows * prior.row_s] for s in samples], dtype=torch.float64)  # [S, 2]
+    y = torch.tensor([s.busy_s for s in samples], dtype=torch.float64)  # [S]
+    reg = PRIOR_WEIGHT * float((x * x).sum()) / 2 + 1e-30
+    m = torch.linalg.solve(x.T @ x + reg * torch.eye(2, dtype=torch.float64), x.T @ y + reg * torch.ones(2, dtype=torch.float64))
+    m = m.clamp_min(0.05)
+    return float(m[0]) * prior.expert_s, float(m[1]) * prior.row_s
+
+
+def calibrate(
+    work: Mapping[str, WorkSample], shape: ExpertShape, num_layers: int, priors: CostPriors = CostPriors(), min_requests: int = 20
+) -> StepCosts:
+    """The model from the servers' window reports (servers with fewer than `min_requests` calls
+    keep the defaults). See the module docstring."""
+    base = StepCosts(priors.server(shape), fanout_s=priors.fanout_s, row_bytes=shape.row_bytes, link_bytes_s=priors.link_bytes_s)
+    seen = {sid: w for sid, w in work.items() if w.requests >= min_requests and w.busy_s > 0 and w.seconds > 0}
+    if not seen:
+        return base
+    expert_s, row_s = _fit(list(seen.values()), base.default)
+    fitted = ServerCost(base.default.call_s, expert_s, row_s)
+    servers = {}
+    for sid, w in seen.items():
+        predicted = expert_s * w.expert_calls + row_s * w.rows
+        scale = min(MAX_SCALE, max(MIN_SCALE, w.busy_s / predicted)) if predicted > 0 else 1.0
+        call_s = max(0.0, w.service_s - w.busy_s) / w.requests
+        servers[sid] = replace(fitted.scaled(scale), call_s=call_s)
+    typical = sorted(servers.values(), key=lambda c: c.row_s)[len(servers) // 2]
+    busiest = max(seen.values(), key=lambda w: w.requests)
+    steps = busiest.requests / max(1, num_layers)
+    return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True)
+
+
+# ---- step time of a placement -------------------------------------------------------------------
+def rows_per_step(load, costs: StepCosts, top_k: int) -> torch.Tensor:
+    """[L, E] rows each (layer, expert) gets per step: the window load over the window's steps
+    (without them, as if each step carried one token: `top_k` rows per layer)."""
+    w = torch.as_tensor(load, dtype=torch.float64)
+    if costs.steps:
+        return w / costs.steps
+    per_layer = w.sum(dim=1, keepdim=True).clamp_min(1e-12)
+    return w / per_layer * top_k
+
+
+def expert_seconds(rows, placement: Placement, layers: Sequence[int], costs: StepCosts) -> float:
+    """T(placement): seconds of a step spent on the experts, `rows` [L, E] per step (rows of
+    `layers`). See the module docstring."""
+    r = torch.as_tensor(rows, dtype=torch.float64)
+    total = 0.0
+    for i, layer in enumerate(layers):
+        copies = placement.replicas[layer]
+        per_server: dict[str, list[float]] = {}  # server -> [rows, experts computed]
+        for e, holders in enumerate(copies):
+            share = float(r[i, e]) / len(holders)
+            touched = -math.expm1(-share)
+            for s in holders:
+                acc = per_server.setdefault(s, [0.0, 0.0])
+                acc[0] += share
+                acc[1] += touched
+        slowest, called = 0.0, 0.0
+        for s, (n, g) in per_server.items():
+            c = costs.server(s)
+            p = -math.expm1(-n)
+            called += p
+            slowest = max(slowest, p * c.call_s + g * c.expert_s + n * (c.row_s + costs.row_bytes / costs.link_bytes_s))
+        total += slowest + costs.fanout_s * called
+    return total
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Seconds per step now and with the change, and their ratio (> 1: faster)."""
+
+    step_s_before: float
+    step_s_after: float
+    other_s: float  # the part of a step outside the expert calls
+
+    @property
+    def gain(self) -> float:
+        return self.step_s_before / self.step_s_after if self.step_s_after > 0 else 1.0
+
+
+def predict(rows_before, placement_before: Placement, rows_after, placement_after: Placement, layers: Sequence[int],
+            costs: StepCosts) -> Prediction:
+    """A step under `placement_after` with `rows_after` [L, E] against the current one."""
+    before = expert_seconds(rows_before, placement_before, layers, costs)
+    after = expert_seconds(rows_after, placement_after, layers, costs)
+    other = max(0.0, costs.step_s - before) if costs.step_s else 0.0
+    return Prediction(other + before, other + after, other)
+
+
+# ---- what a switch costs ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SwitchCost:
+    copies: int  # expert copies the prepare phase loads
+    bytes: int
+    seconds: float  # loading them (on the servers, side by side with serving)
+
+
+def switch_cost(copies: int, shape: ExpertShape, seconds_per_copy: float | None, priors: CostPriors = CostPriors()) -> SwitchCost:
+    """`copies` loaded; `seconds_per_copy` as measured in the last switches (None: the prior rate)."""
+    per_copy = shape.expert_bytes / priors.load_bytes_s if seconds_per_copy is None else seconds_per_copy
+    return SwitchCost(copies, copies * shape.expert_bytes, copies * per_copy)

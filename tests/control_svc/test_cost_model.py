@@ -1,0 +1,157 @@
+"""The cost model and the rebalance policy as pure functions: calibration from the servers' window
+work, the step time of a placement, the switch's cost, and which placements are committed."""
+import math
+
+import pytest
+import torch
+
+from control_svc.cost_model import (
+    CostPriors, ExpertShape, Prediction, ServerCost, StepCosts, SwitchCost, WorkSample, calibrate, expert_seconds, predict,
+    rows_per_step, switch_cost,
+)
+from control_svc.placement import (
+    CostInputs, RebalancePolicy, ServerBudget, initial_placement, placement_diff, plan_rebalance,
+)
+from moemesh.contracts.placement import Placement
+
+SHAPE = ExpertShape(hidden_size=256, intermediate_size=128, weight_bytes=2, activation_bytes=2, top_k=2)
+
+
+def sample(expert_calls: int, rows: int, requests: int, expert_s: float, row_s: float, call_s: float, seconds: float = 10.0,
+           slowdown: float = 1.0) -> WorkSample:
+    busy = slowdown * (expert_calls * expert_s + rows * row_s)
+    return WorkSample(seconds, requests, expert_calls, rows, busy, busy + requests * call_s)
+
+
+def test_calibration_recovers_the_servers_costs_and_the_step_rate():
+    expert_s, row_s, call_s = 300e-6, 20e-6, 150e-6
+    work = {
+        "a": sample(4000, 60000, 1600, expert_s, row_s, call_s),  # hot: many rows per expert
+        "b": sample(3000, 9000, 1200, expert_s, row_s, call_s),
+        "c": sample(3200, 10000, 1300, expert_s, row_s, call_s),
+    }
+    costs = calibrate(work, SHAPE, num_layers=16)
+    assert costs.calibrated and costs.steps == pytest.approx(1600 / 16)
+    assert costs.step_s == pytest.approx(10.0 / 100)
+    for sid in work:
+        got = costs.server(sid)
+        assert (got.call_s, got.expert_s, got.row_s) == pytest.approx((call_s, expert_s, row_s), rel=0.05)  # the pull towards the priors is slight
+    assert costs.server("new") == costs.default and costs.default in costs.servers.values()
+
+
+def test_a_server_on_a_smaller_budget_is_priced_slower():
+    expert_s, row_s, call_s = 300e-6, 20e-6, 150e-6
+    work = {
+        "a": sample(4000, 60000, 1600, expert_s, row_s, call_s),
+        "b": sample(3000, 9000, 1200, expert_s, row_s, call_s),
+        "c": sample(3200, 10000, 1300, expert_s, row_s, call_s, slowdown=2.0),  # half the CPU budget
+    }
+    costs = calibrate(work, SHAPE, num_layers=16)
+    # one window per server cannot tell a slower server from a different split between experts and
+    # rows; each server's own compute is reproduced, and c comes out the slowest
+    for sid, w in work.items():
+        got = costs.server(sid)
+        assert got.expert_s * w.expert_calls + got.row_s * w.rows == pytest.approx(w.busy_s, rel=1e-6)
+    assert costs.server("c").row_s > 1.3 * max(costs.server("a").row_s, costs.server("b").row_s)
+
+
+def test_without_reports_the_priors_stand():
+    costs = calibrate({"a": WorkSample(10, 3, 3, 3, 0.1, 0.2)}, SHAPE, 4)  # too few calls to count
+    assert not costs.calibrated and costs.steps is None and costs.step_s is None
+    prior = CostPriors().server(SHAPE)
+    assert costs.server("a") == prior
+    assert prior.expert_s == pytest.approx(SHAPE.expert_bytes / CostPriors().read_bytes_s)
+    rows = rows_per_step(torch.tensor([[30.0, 10.0, 0.0]]), costs, top_k=2)
+    assert rows.tolist() == [[1.5, 0.5, 0.0]]  # as if a step carried one token (top_k rows a layer)
+
+
+def test_a_layer_waits_for_its_slowest_server():
+    costs = StepCosts(ServerCost(call_s=1.0, expert_s=10.0, row_s=100.0), fanout_s=0.5, row_bytes=0)
+    p = Placement(1, {0: (("a",), ("b",), ("a", "b"))})
+    rows = torch.tensor([[2.0, 0.0, 4.0]])
+    # a: expert 0 (2 rows) + half of expert 2 (2 rows) -> 4 rows, two experts; b: 2 rows of expert 2
+    pa, ta = -math.expm1(-4.0), 2 * -math.expm1(-2.0)
+    pb, tb = -math.expm1(-2.0), -math.expm1(-2.0)
+    want = max(pa * 1.0 + ta * 10.0 + 4 * 100.0, pb * 1.0 + tb * 10.0 + 2 * 100.0) + 0.5 * (pa + pb)
+    assert expert_seconds(rows, p, [0], costs) == pytest.approx(want)
+
+
+def test_the_rest_of_the_step_dilutes_the_gain():
+    costs = StepCosts(ServerCost(0.0, 0.0, 1.0), fanout_s=0.0, row_bytes=0, steps=1.0, step_s=10.0)
+    hot = Placement(1, {0: (("a",), ("a",))})
+    spread = Placement(2, {0: (("a",), ("b",))})
+    rows = torch.tensor([[2.0, 2.0]])
+    p = predict(rows, hot, rows, spread, [0], costs)
+    assert (p.step_s_before, p.step_s_after, p.other_s) == pytest.approx((10.0, 8.0, 6.0))  # experts 4 s of the 10 measured
+    assert p.gain == pytest.approx(1.25)
+
+
+def test_switch_cost_counts_the_copies_loaded():
+    assert switch_cost(3, SHAPE, None) == SwitchCost(3, 3 * SHAPE.expert_bytes, 3 * SHAPE.expert_bytes / CostPriors().load_bytes_s)
+    assert switch_cost(4, SHAPE, 0.25).seconds == 1.0
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+def test_the_policy_commits_only_what_is_faster_by_its_margin_and_pays_back():
+    policy = RebalancePolicy(min_gain=0.1, payback_s=10.0, max_moves=8)
+    cheap = SwitchCost(2, 1, 0.1)
+    assert "below 1 + min_gain" in policy.refusal(Prediction(1.0, 1.0, 0.0), cheap)  # not faster
+    assert "below 1 + min_gain" in policy.refusal(Prediction(1.0, 1.2, 0.0), cheap)  # slower
+    assert "below 1 + min_gain" in policy.refusal(Prediction(1.05, 1.0, 0.0), cheap)  # faster, not by the margin
+    assert policy.refusal(Prediction(1.2, 1.0, 0.0), cheap) == ""
+    assert "max_moves" in policy.refusal(Prediction(1.2, 1.0, 0.0), SwitchCost(9, 1, 0.1))
+    # 1.2x saves 1/6 of every second: 10 s of serving win back 1.67 s of loading, not 2
+    assert "not won back within payback_s" in policy.refusal(Prediction(1.2, 1.0, 0.0), SwitchCost(2, 1, 2.0))
+    assert policy.refusal(Prediction(1.2, 1.0, 0.0), SwitchCost(2, 1, 1.6)) == ""
+
+
+LAYERS = (0, 1)
+BUDGETS = [ServerBudget("a", 8), ServerBudget("b", 8)]
+CURRENT = initial_placement(LAYERS, 8, [("a", 0), ("b", 0)], version=3)  # even experts on a
+
+
+def skewed(total: int = 30_000) -> torch.Tensor:
+    load = torch.full((2, 8), total // 100, dtype=torch.int64)
+    load[:, 0] = load[:, 2] = total // 3  # hot experts, both on server a
+    return load
+
+
+def inputs(cost: ServerCost, steps: float = 1000.0, step_s: float | None = None) -> CostInputs:
+    return CostInputs(StepCosts(cost, fanout_s=0.0, row_bytes=0, steps=steps, step_s=step_s, calibrated=True), SHAPE, top_k=2)
+
+
+def test_rows_that_cost_make_the_hot_experts_spread_and_the_plan_is_priced():
+    plan = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), cost=inputs(ServerCost(0.0, 1e-6, 1e-3)))
+    assert plan.placement is not None and plan.prediction.gain > 1.3
+    assert plan.switch.copies == plan.moves == placement_diff(CURRENT, plan.placement).moves > 0
+    assert plan.switch.bytes == plan.moves * SHAPE.expert_bytes
+    for layer in LAYERS:  # each hot expert's rows now have a server of their own (or share both)
+        owners = [set(plan.placement.replicas[layer][e]) for e in (0, 2)]
+        assert owners[0] != owners[1] or owners[0] == {"a", "b"}
+
+
+def test_a_placement_predicted_slower_is_not_committed():
+    # experts that cost far more to compute at all than per row: copies of hot experts only add work
+    cost = inputs(ServerCost(0.0, 1.0, 1e-9))
+    plan = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=12, cost=cost)
+    assert plan.placement is None and plan.prediction.gain < 1.0
+    assert "no candidate is predicted faster" in plan.reason and plan.moves == 0
+    forced = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=12, cost=cost, force=True)
+    assert forced.placement is not None  # forced: switched whatever the prediction
+
+
+def test_a_placement_not_faster_by_the_margin_is_not_committed():
+    # the experts are a sliver of a long step: spreading them helps, but by less than the margin
+    cost = inputs(ServerCost(0.0, 1e-6, 1e-3), steps=1000.0, step_s=1.0)
+    plan = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100, min_gain=0.05), cost=cost)
+    assert plan.placement is None and 1.0 < plan.prediction.gain < 1.05
+    assert "below 1 + min_gain" in plan.reason and plan.moves > 0
+
+
+def test_the_cost_model_chooses_between_moving_and_replicating():
+    # with one copy per expert allowed too, per-expert costs favour moving a hot expert over
+    # replicating it: the chosen plan loads no more copies than the experts it moves
+    cost = inputs(ServerCost(0.0, 5e-3, 1e-3))
+    plan = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), cost=cost)
+    assert plan.placement is not None
+    assert all(sum(len(c) for c in plan.placement.replicas[l]) == 8 for l in LAYERS)
