@@ -27,7 +27,9 @@ class ControlConfig:
     rebalance_min_tokens: int = field(default=1000, metadata={"help": "fewer tokens in the servers' load windows than this: no periodic rebalance"})
     rebalance_max_moves: int = field(default=0, metadata={"help": "most expert copies a periodic rebalance may load; 0 = no limit"})
     rebalance_tolerance: float = field(default=0.05, metadata={"help": "relative balance the solver trades for fewer moves"})
-    redundant_experts: int | None = field(default=None, metadata={"help": "extra expert copies per MoE layer (replicas of the hottest); unset = the solver compares none and every free slot"})
+    redundant_experts: int | None = field(default=None, metadata={
+        "help": "extra expert copies per MoE layer a rebalance may place (replicas of the hottest); the cost model compares "
+                "them with none; unset = every free slot"})
     failure_probe_timeout_s: float = field(default=1.0, metadata={"help": "a server reported unreachable is declared dead when it does not answer within this"})
     max_expert_tokens_per_s: float = field(default=1e6, metadata={
         "help": "a heartbeat's token count per (layer, expert) is clamped to this rate over its load window (no forged load swamps the placement)"})

@@ -427,8 +427,8 @@ def plan_rebalance(
     """load [L, E] (rows = `layers`); the solver sees `load + prior` (a prior of a few tokens per
     expert spreads experts even where nothing was observed).
 
-    Candidates: the solver's placement for `num_physical` copies per layer; left to the solver
-    (None), also its placement with one copy per expert (no replicas), so that the cost model, not
+    Candidates: the solver's placement for `num_physical` copies per layer (None: left to the
+    solver), and its placement with one copy per expert (no replicas), so that the cost model, not
     the token balance alone, decides whether replicas pay. Each is priced by `cost` (the step model
     and the switch's cost, `control_svc.cost_model`); the one predicted fastest is planned when the
     policy accepts it (`RebalancePolicy.refusal`: the margin, max_moves, the payback). Unforced, a
@@ -443,7 +443,7 @@ def plan_rebalance(
     lost = [s for s in current.servers() if s not in ids]
     if not force and not lost and tokens < policy.min_tokens:
         return RebalancePlan(None, before, before, 0, tokens, f"{tokens} tokens in the load window, fewer than min_tokens {policy.min_tokens}")
-    options: list[int | None] = [num_physical] if num_physical is not None else [None, load.shape[1]]
+    options = [num_physical] + ([load.shape[1]] if num_physical != load.shape[1] else [])
     candidates: list[Placement] = []
     for p in options:
         new = solve(load, budgets, p, current, layer_ids=list(layers), tolerance=policy.tolerance)

@@ -172,7 +172,10 @@ class ControlPlane:
         FAILED_PRECONDITION before the first placement or when the servers cannot hold the experts,
         ABORTED when the switch cannot be prepared."""
         view = self.board.current
+        start = asyncio.get_running_loop().time()
         plan = await asyncio.to_thread(self._planner(view, force, prior))
+        log.info("planned a rebalance in %.2fs: %s", asyncio.get_running_loop().time() - start,
+                 "switch" if plan.placement is not None else plan.reason)
         if dry_run or plan.placement is None:
             return plan
         plans = [plan]

@@ -113,10 +113,15 @@ class PlacementSwitch:
             self.on_loaded(sum(len(es) for es in experts.values()), loop.time() - start)
 
         calls = [timed(known[s], experts) for s, experts in to_load.items()]
+        start = asyncio.get_running_loop().time()
         try:
             await asyncio.wait_for(asyncio.gather(*calls), self.prepare_timeout_s)
         except Exception as e:
             raise MeshError(grpc.StatusCode.ABORTED, f"prepare of placement v{version} failed: {e}") from e
+        if to_load:
+            log.info("prepared placement v%d: %d expert copies loaded on %d servers in %.2fs", version,
+                     sum(len(es) for layers in to_load.values() for es in layers.values()), len(to_load),
+                     asyncio.get_running_loop().time() - start)
 
     async def wait_adopted(self, version: int, timeout_s: float) -> bool:
         """Until every live attention replica runs `version` or later (True), or `timeout_s` passed."""

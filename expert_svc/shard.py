@@ -106,7 +106,7 @@ class ExpertShard:
             else:  # held experts then added ones, put in id order
                 combined = list(current.expert_ids) + added
                 order = sorted(range(len(combined)), key=combined.__getitem__)
-                merged = ExpertWeights.concat([current.weights, fresh]).select(torch.tensor(order))
+                merged = ExpertWeights.concat([current.weights, fresh], torch.tensor(order))
                 self._install(layer, new, merged)
             return tuple(new)
 

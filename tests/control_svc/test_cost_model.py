@@ -131,12 +131,17 @@ def test_rows_that_cost_make_the_hot_experts_spread_and_the_plan_is_priced():
 
 
 def test_a_placement_predicted_slower_is_not_committed():
-    # experts that cost far more to compute at all than per row: copies of hot experts only add work
+    # the hot experts 0 and 2 already have a server each; the token balance wants their rows split
+    # by replicas, but experts that cost far more to compute at all than per row make copies only
+    # add work
+    spread = Placement(3, {l: (("a",), ("a",), ("b",), ("b",), ("a",), ("b",), ("a",), ("b",)) for l in LAYERS})
+    load = skewed()
+    load[:, 0] = 12_000  # a little hotter than expert 2: the solver splits it
     cost = inputs(ServerCost(0.0, 1.0, 1e-9))
-    plan = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=12, cost=cost)
+    plan = plan_rebalance(load, BUDGETS, spread, LAYERS, RebalancePolicy(min_tokens=100), num_physical=12, cost=cost)
     assert plan.placement is None and plan.prediction.gain < 1.0
     assert "no candidate is predicted faster" in plan.reason and plan.moves == 0
-    forced = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=12, cost=cost, force=True)
+    forced = plan_rebalance(load, BUDGETS, spread, LAYERS, RebalancePolicy(min_tokens=100), num_physical=12, cost=cost, force=True)
     assert forced.placement is not None  # forced: switched whatever the prediction
 
 

@@ -80,7 +80,7 @@ def skew(plane):
     plane.heartbeat("expert-1", None, stats({(l, e): 10 for l in LAYERS for e in range(1, 8, 2)}))
 
 
-def test_rebalance_replicates_hot_experts_and_publishes_balancedness():
+def test_rebalance_spreads_hot_experts_and_publishes_balancedness():
     async def main():
         plane, ops, _, metrics = make_plane(redundant_experts=2)
         await two_servers(plane)
@@ -89,9 +89,10 @@ def test_rebalance_replicates_hot_experts_and_publishes_balancedness():
         plan = await plane.rebalance()
         assert plan.placement is not None and plane.board.version == 2
         assert before < 0.6 and plane.balancedness() > 0.9
-        for layer in LAYERS:
-            assert set(plane.board.current.placement.replicas[layer][0]) == {"expert-0", "expert-1"}
-        assert ops.held["expert-1"] >= {(0, 0), (1, 0), (0, 2), (1, 2)}  # prepared before the commit
+        for layer in LAYERS:  # the two hot experts no longer share one server alone (moved, or replicated)
+            owners = [set(plane.board.current.placement.replicas[layer][e]) for e in (0, 2)]
+            assert owners[0] != owners[1] or owners[0] == {"expert-0", "expert-1"}
+            assert ops.held["expert-1"] & {(layer, 0), (layer, 2)}  # prepared before the commit
         text = metrics.render().decode()
         assert 'moemesh_placement_version{service="control"} 2.0' in text
         assert "moemesh_placement_balancedness" in text
