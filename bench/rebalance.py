@@ -93,6 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase-s", type=float, default=20.0, help="seconds of each measured phase (and the servers' load window)")
     p.add_argument("--top-k-phases", type=positive_ints, default=(8, 4, 8), help="top-k of each phase after the rebalance ('' = none)")
     p.add_argument("--attention-threads", type=int, default=1, help="torch threads of the attention replica")
+    p.add_argument("--transport", choices=("grpc", "dist"), default="grpc", help="attention <-> expert transport")
     p.add_argument("--start-timeout-s", type=float, default=300.0)
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure last")
     ns = p.parse_args(argv)
@@ -225,11 +226,12 @@ def run(ns: argparse.Namespace, model: str, log_dir: Path, budgets: CpuBudgets |
             threads = (slot.threads if slot else None) or 1
             if slot:
                 say(f"  {slot.describe()}")
-            start(children, log_dir, f"expert-{i}", "expert", {"model_dir": model, "control_addr": control, "transport": "grpc",
+            start(children, log_dir, f"expert-{i}", "expert", {"model_dir": model, "control_addr": control,
+                                                               "transport": "grpc" if ns.transport == "grpc" else "auto",
                                                                "load_window_s": ns.phase_s, "num_threads": threads},
                   ns.start_timeout_s, threads, wrap=slot.wrap if slot else list)
         attention = start(children, log_dir, "attention", "attention", {"model_dir": model, "control_addr": control,
-                                                                         "num_threads": ns.attention_threads},
+                                                                         "num_threads": ns.attention_threads, "transport": ns.transport},
                           ns.start_timeout_s, ns.attention_threads)
         router = start(children, log_dir, "router", "router", {"model_dir": model, "attention": attention}, ns.start_timeout_s, 1)
         with make_sync_channel(control, BENCH_RPC) as ch:
@@ -277,7 +279,8 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
     span_before, span_after = out["spans"]
     measured = after.tokens_per_s / before.tokens_per_s if before.tokens_per_s else float("nan")
     print(f"bench/rebalance: {model}, {ns.expert_servers} expert servers at {ns.expert_cpu_quota:g} cores each ({budget_mode}), "
-          f"top-k {ns.top_k}, {ns.concurrency} greedy streams x {ns.output_len} tokens, attention {ns.attention_threads} thread(s) "
+          f"top-k {ns.top_k}, {ns.concurrency} greedy streams x {ns.output_len} tokens, attention {ns.attention_threads} thread(s), "
+          f"{ns.transport} transport "
           f"(CPU, {os.cpu_count()} cores, load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
     print(f"{'phase':<10} {'seconds':>7} {'tokens/s':>10} {'tpot p50':>9} {'tpot p99':>9} {'completed':>9}   (tpot in ms)")
     for phase in (before, during, after):
@@ -312,7 +315,7 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
         "predicted_gain": round(resp.predicted_gain, 3), "measured_gain": round(measured, 3), "switched": resp.switched,
         "moves": resp.moves, "bytes_loaded": resp.bytes_to_load, "top_k_switch": knobs,
         "config": {"model": model, "expert_servers": ns.expert_servers, "expert_cpu_quota": ns.expert_cpu_quota, "cpu_budget": budget_mode,
-                   "top_k": ns.top_k, "concurrency": ns.concurrency, "output_len": ns.output_len, "phase_s": ns.phase_s,
+                   "top_k": ns.top_k, "concurrency": ns.concurrency, "transport": ns.transport, "output_len": ns.output_len, "phase_s": ns.phase_s,
                    "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()},
     }
 

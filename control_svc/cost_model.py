@@ -11,9 +11,13 @@ Rows per step of each (layer, expert) are the window load over the steps in the 
 of an expert share its rows evenly (as the attention replicas split them); a copy getting r rows a
 step computes with probability 1 - e^-r and a server is called with probability 1 - e^-(its rows)
 (rows arrive as a Poisson stream). The rest of a step (attention, sampling, the router) is the
-measured step time less T(current placement): `other_s`. A placement's predicted gain over the
-current one is (other_s + T(current)) / (other_s + T(new)). When the mesh idled during the window
-the measured step time is too long, which only makes the predicted gain smaller.
+measured step time less T(current placement): `other_s`. That is the step's latency; its other
+bound is the servers' CPU budgets: a server limited to c CPUs (`cpu_limit`, its cgroup quota or
+pinned cores) that needs D CPU seconds a step cannot run a step in less than D / c. D is measured
+for the current placement (the process's CPU seconds over the window, per step) and scaled by the
+server's modelled time a step under another. A placement's step time is the larger of the two,
+and its predicted gain over the current one is step(current) / step(new). When the mesh idled
+during the window the measured step time is too long, which only makes the predicted gain smaller.
 
 Calibration (`calibrate`) from what each expert server reports over its load window
 (`WorkSample`, ExpertStats.window_work): calls, experts computed, rows, seconds computing and
@@ -106,6 +110,8 @@ class WorkSample:
     rows: int
     busy_s: float
     service_s: float
+    cpu_s: float = 0.0  # the process's CPU seconds
+    cpu_limit: float = 0.0  # CPUs it may use (0: not limited)
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,8 @@ class StepCosts:
     steps: float | None = None
     step_s: float | None = None
     calibrated: bool = False  # from server reports, not priors alone
+    cpu_per_step: Mapping[str, float] = field(default_factory=dict)  # CPU seconds each server used per step
+    cpu_limit: Mapping[str, float] = field(default_factory=dict)  # CPUs each limited server may use
 
     def server(self, server_id: str) -> ServerCost:
         return self.servers.get(server_id, self.default)
@@ -157,7 +165,10 @@ def calibrate(
     typical = sorted(servers.values(), key=lambda c: c.row_s)[len(servers) // 2]
     busiest = max(seen.values(), key=lambda w: w.requests)
     steps = busiest.requests / max(1, num_layers)
-    return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True)
+    cpu = {sid: w.cpu_s / steps for sid, w in seen.items() if w.cpu_s > 0}
+    limits = {sid: w.cpu_limit for sid, w in work.items() if w.cpu_limit > 0}
+    return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True,
+                   cpu_per_step=cpu, cpu_limit=limits)
 
 
 # ---- step time of a placement -------------------------------------------------------------------
@@ -171,15 +182,14 @@ def rows_per_step(load, costs: StepCosts, top_k: int) -> torch.Tensor:
     return w / per_layer * top_k
 
 
-def expert_seconds(rows, placement: Placement, layers: Sequence[int], costs: StepCosts) -> float:
-    """T(placement): seconds of a step spent on the experts, `rows` [L, E] per step (rows of
-    `layers`). See the module docstring."""
+def _expert_times(rows, placement: Placement, layers: Sequence[int], costs: StepCosts) -> tuple[float, dict[str, float]]:
+    """(T(placement), each server's modelled seconds a step): `rows` [L, E] per step."""
     r = torch.as_tensor(rows, dtype=torch.float64)
     total = 0.0
+    per_server_step: dict[str, float] = {}
     for i, layer in enumerate(layers):
-        copies = placement.replicas[layer]
         per_server: dict[str, list[float]] = {}  # server -> [rows, experts computed]
-        for e, holders in enumerate(copies):
+        for e, holders in enumerate(placement.replicas[layer]):
             share = float(r[i, e]) / len(holders)
             touched = -math.expm1(-share)
             for s in holders:
@@ -191,9 +201,17 @@ def expert_seconds(rows, placement: Placement, layers: Sequence[int], costs: Ste
             c = costs.server(s)
             p = -math.expm1(-n)
             called += p
-            slowest = max(slowest, p * c.call_s + g * c.expert_s + n * (c.row_s + costs.row_bytes / costs.link_bytes_s))
+            t = p * c.call_s + g * c.expert_s + n * (c.row_s + costs.row_bytes / costs.link_bytes_s)
+            per_server_step[s] = per_server_step.get(s, 0.0) + t
+            slowest = max(slowest, t)
         total += slowest + costs.fanout_s * called
-    return total
+    return total, per_server_step
+
+
+def expert_seconds(rows, placement: Placement, layers: Sequence[int], costs: StepCosts) -> float:
+    """T(placement): seconds of a step spent on the experts, `rows` [L, E] per step (rows of
+    `layers`). See the module docstring."""
+    return _expert_times(rows, placement, layers, costs)[0]
 
 
 @dataclass(frozen=True)
@@ -203,19 +221,37 @@ class Prediction:
     step_s_before: float
     step_s_after: float
     other_s: float  # the part of a step outside the expert calls
+    budget_bound: bool = False  # the step after is held to a server's CPU budget, not its latency
 
     @property
     def gain(self) -> float:
         return self.step_s_before / self.step_s_after if self.step_s_after > 0 else 1.0
 
 
+def _budget_step(times: dict[str, float], current: dict[str, float], costs: StepCosts) -> float:
+    """The shortest step the CPU-limited servers allow: each server's CPU a step (measured now,
+    scaled by its modelled time under the placement against now) over its CPUs."""
+    bound = 0.0
+    for s, limit in costs.cpu_limit.items():
+        t = times.get(s, 0.0)
+        cpu = costs.cpu_per_step.get(s)
+        if cpu is None or t <= 0:
+            continue
+        now = current.get(s, 0.0)
+        bound = max(bound, (cpu * t / now if now > 0 else t) / limit)
+    return bound
+
+
 def predict(rows_before, placement_before: Placement, rows_after, placement_after: Placement, layers: Sequence[int],
             costs: StepCosts) -> Prediction:
-    """A step under `placement_after` with `rows_after` [L, E] against the current one."""
-    before = expert_seconds(rows_before, placement_before, layers, costs)
-    after = expert_seconds(rows_after, placement_after, layers, costs)
+    """A step under `placement_after` with `rows_after` [L, E] against the current one: the larger
+    of its latency and the bound of the servers' CPU budgets (module docstring)."""
+    before, before_per_server = _expert_times(rows_before, placement_before, layers, costs)
+    after, after_per_server = _expert_times(rows_after, placement_after, layers, costs)
     other = max(0.0, costs.step_s - before) if costs.step_s else 0.0
-    return Prediction(other + before, other + after, other)
+    budget_before = _budget_step(before_per_server, before_per_server, costs)
+    budget_after = _budget_step(after_per_server, before_per_server, costs)
+    return Prediction(max(other + before, budget_before), max(other + after, budget_after), other, budget_after > other + after)
 
 
 # ---- what a switch costs ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 from moemesh.errors import invalid
 
 MAX_WINDOW_S = 3600.0  # the longest load window a heartbeat may claim
+MAX_CPUS = 4096.0  # the most CPUs a heartbeat may claim to use or be limited to
 
 
 def window_load(stats: Iterable[object], layers: Sequence[int], num_experts: int) -> torch.Tensor:
@@ -58,4 +59,6 @@ def bounded_stats(stats, layers: Sequence[int], num_experts: int, max_tokens_per
         setattr(work, name, min(value, work.seconds) if math.isfinite(value) and value > 0 else 0.0)
     for name in ("requests", "expert_calls", "rows"):
         setattr(work, name, min(getattr(work, name), cap))
+    work.cpu_seconds = min(work.cpu_seconds, work.seconds * MAX_CPUS) if math.isfinite(work.cpu_seconds) and work.cpu_seconds > 0 else 0.0
+    work.cpu_limit = min(work.cpu_limit, MAX_CPUS) if math.isfinite(work.cpu_limit) and work.cpu_limit > 0 else 0.0
     return out

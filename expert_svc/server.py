@@ -28,6 +28,7 @@ from moemesh.contracts.info import ServerInfo
 from moemesh.engine.device import select_device
 from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import GpuTelemetry, MetricsServer, ServiceMetrics
+from moemesh.telemetry.cpu_limit import cpu_limit
 
 log = logging.getLogger("expert_svc")
 STOP_GRACE_S = 1.0  # after the drain, the grace of calls other than Forward
@@ -119,6 +120,7 @@ async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
     device = select_device(cfg.device)
     gpu = GpuTelemetry.for_device(cfg.device)
     shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget, cfg.load_window_s)
+    shard.stats.cpu_limit = cpu_limit() if device.type == "cpu" else None  # the budget the cost model holds its CPU demand to
     metrics = ServiceMetrics("expert", load=shard.stats.load, gpu=gpu)
     shard.stats.metrics = metrics  # queue depth and busy time mirrored into /metrics
     if cfg.preload == "all":

@@ -198,5 +198,6 @@ def stats_message(shard: ExpertShard, reset: bool = False, gpu: GpuTelemetry | N
         window_seconds=snap.window_seconds,
         held=expert_set(shard.held()),
         gpu=gpu_message(gpu),
-        window_work=expert_pb2.ExpertWork(**{k: (int(v) if k in ("requests", "expert_calls", "rows") else v) for k, v in snap.work.items()}),
+        window_work=expert_pb2.ExpertWork(**{k: (int(v) if k in ("requests", "expert_calls", "rows") else v) for k, v in snap.work.items()},
+                                          cpu_limit=snap.cpu_limit or 0.0),
     )

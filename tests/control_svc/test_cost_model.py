@@ -20,7 +20,7 @@ SHAPE = ExpertShape(hidden_size=256, intermediate_size=128, weight_bytes=2, acti
 def sample(expert_calls: int, rows: int, requests: int, expert_s: float, row_s: float, call_s: float, seconds: float = 10.0,
            slowdown: float = 1.0) -> WorkSample:
     busy = slowdown * (expert_calls * expert_s + rows * row_s)
-    return WorkSample(seconds, requests, expert_calls, rows, busy, busy + requests * call_s)
+    return WorkSample(seconds, requests, expert_calls, rows, busy, busy + requests * call_s, cpu_s=busy, cpu_limit=0.5)
 
 
 def test_calibration_recovers_the_servers_costs_and_the_step_rate():
@@ -33,6 +33,7 @@ def test_calibration_recovers_the_servers_costs_and_the_step_rate():
     costs = calibrate(work, SHAPE, num_layers=16)
     assert costs.calibrated and costs.steps == pytest.approx(1600 / 16)
     assert costs.step_s == pytest.approx(10.0 / 100)
+    assert costs.cpu_limit == {"a": 0.5, "b": 0.5, "c": 0.5} and costs.cpu_per_step["b"] == pytest.approx(work["b"].cpu_s / 100)
     for sid in work:
         got = costs.server(sid)
         assert (got.call_s, got.expert_s, got.row_s) == pytest.approx((call_s, expert_s, row_s), rel=0.05)  # the pull towards the priors is slight
@@ -84,6 +85,20 @@ def test_the_rest_of_the_step_dilutes_the_gain():
     p = predict(rows, hot, rows, spread, [0], costs)
     assert (p.step_s_before, p.step_s_after, p.other_s) == pytest.approx((10.0, 8.0, 6.0))  # experts 4 s of the 10 measured
     assert p.gain == pytest.approx(1.25)
+
+
+def test_a_servers_cpu_budget_bounds_the_step():
+    # 20 s of CPU a step on a server limited to 2 CPUs: no step shorter than 10 s, whatever its latency
+    costs = StepCosts(ServerCost(0.0, 0.0, 1.0), fanout_s=0.0, row_bytes=0, steps=1.0, step_s=10.0,
+                      cpu_per_step={"a": 20.0}, cpu_limit={"a": 2.0})
+    hot = Placement(1, {0: (("a",), ("a",))})
+    spread = Placement(2, {0: (("a",), ("b",))})
+    rows = torch.tensor([[2.0, 2.0]])
+    p = predict(rows, hot, rows, spread, [0], costs)  # a's share halves: its CPU too, 5 s a step
+    assert (p.step_s_before, p.step_s_after, p.budget_bound) == pytest.approx((10.0, 8.0, False))
+    more = predict(rows, hot, rows * 3, hot, [0], costs)  # three times the rows on a: 60 s of CPU, 30 s a step
+    assert (more.step_s_after, more.budget_bound) == (pytest.approx(30.0), True)
+    assert more.gain == pytest.approx(1 / 3)
 
 
 def test_switch_cost_counts_the_copies_loaded():

@@ -30,8 +30,8 @@ def test_load_slides_out_of_the_window_while_requests_and_busy_time_reset_on_dem
 
 
 def test_work_over_the_window_counts_calls_experts_rows_and_service_time():
-    clock = Clock()
-    stats = ShardStats([0, 1], 8, window_s=10.0, clock=clock)
+    clock, cpu = Clock(), Clock()
+    stats = ShardStats([0, 1], 8, window_s=10.0, clock=clock, cpu_limit=0.5, cpu_clock=cpu)
     stats.enter()
     clock.t = 0.25
     stats.record(0, [3, 5, 6], [4, 0, 2], 0.125)  # expert 5 got no rows: not computed
@@ -44,8 +44,11 @@ def test_work_over_the_window_counts_calls_experts_rows_and_service_time():
     clock.t = 1.5
     stats.record(1, [2], [1], 0.25)
     stats.leave()
-    work = stats.snapshot().work
-    assert work == {"requests": 3, "expert_calls": 4, "rows": 9, "busy_seconds": 0.875, "service_seconds": 1.5, "seconds": 1.5}
+    cpu.t = 0.75  # the process's CPU time: what the window adds by the snapshot
+    snap = stats.snapshot()
+    assert snap.work == {"requests": 3, "expert_calls": 4, "rows": 9, "busy_seconds": 0.875, "service_seconds": 1.5,
+                         "cpu_seconds": 0.75, "seconds": 1.5}
+    assert snap.cpu_limit == 0.5
 
 
 def test_stats_and_metrics_endpoint_without_a_gpu(moe_dir, loop):
