@@ -1,106 +1,115 @@
 """`RemoteExperts`: the attention replica's `ExpertCompute`, computing experts on expert servers.
 
-Shape legend: N rows grouped by expert, G experts in the call, H hidden; per server s: N_s rows,
-G_s experts.
+Shape legend: T tokens, N rows (kept token-expert pairs) grouped by expert, G experts with rows,
+H hidden; per server s: T_s tokens it needs, N_s rows, G_s experts.
 
-For one MoE layer it splits each expert's rows evenly over that expert's replicas in the current
-`Placement`, sends one request per expert server (all concurrently, through each server's
-`ExpertTransport`), and reassembles the outputs in input order.
-`submit_all` (every token to every expert) instead sends each server the step's tokens once with
-the gate weights of its experts; the server combines, and the partial sums are added here in server
-order (deterministic). Each expert is computed by one of its copies, rotating with the step.
+`submit(layer, x, plan)` splits the plan's rows by the current `Placement` (`expert_split`), sends
+each expert server the tokens it needs once with, per row, the token's index and the row's combine
+weight (`ExpertRequest`, through that server's transport, all servers at once), and adds the servers'
+weighted partial sums into [T, H] in a fixed server order, in float32 (`partial_sum`): the result
+does not depend on which server answers first. A token whose kept experts share a server crosses the
+wire once each way.
 
 Placement changes: `set_placement(p, servers)` stages version N+1; it is adopted by `begin_step()`
 (the step loop calls it between engine steps) or, automatically, when a new forward pass starts
 (a MoE layer index lower than the previous call's), never in the middle of a step.
 `adopted_version` is the version the replica can report to the control plane: the oldest version a
-request still in flight uses, so old copies are released only after those requests finished.
-A failed call raises `ExpertServerError` naming the server; the caller may stage a new placement,
-call `begin_step()` and submit the same layer again.
+call still in flight uses, so old copies are released only after those calls finished.
+
+Failover: when a call fails because an expert server could not be reached (a `MeshError` naming the
+server, with a status other than INVALID_ARGUMENT or RESOURCE_EXHAUSTED), the server is reported
+(`report_failure`, e.g. to the control plane, which probes it and, if it is gone, switches in a
+placement without it); the layer waits for a placement that no longer names that server, adopts it at
+once (the old one lost a server, so waiting for the step boundary would only fail again) and is
+computed again. All of it is bounded by `failover_timeout_s` per layer call (0: no failover): past it
+the call fails with UNAVAILABLE naming the server, never a hang. A placement-only change keeps the
+experts' weights, so a retried layer computes the same outputs (up to the float32 rounding of a
+different grouping of the partial sums).
 """
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import Counter
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import grpc
 import torch
 from torch import Tensor
 
+from attention_svc.expert_split import LayerCopies, ServerPart, partial_sum, split_plan
 from moemesh.contracts.placement import Placement
-from moemesh.moe.expert_compute import completed
-from moemesh.transport.base import ExpertTransport, PeerInfo, settle
+from moemesh.errors import MeshError
+from moemesh.moe.dispatch import DispatchPlan
+from moemesh.transport.base import ExpertRequest, ExpertTransport, PeerInfo, settle
+
+log = logging.getLogger(__name__)
+
+# errors that say "this request was wrong", not "this server is gone": never retried
+NOT_RETRIED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
-@dataclass(frozen=True)
-class ServerRequest:
-    """What one expert server gets for one layer: rows `index` of x, grouped by `expert_ids`."""
+@dataclass
+class _LayerCall:
+    """One `submit`: what to compute, where the result goes, until when a failover may retry it."""
 
-    server_id: str
-    index: Tensor  # [N_s] int64 row indices into the caller's x, grouped by expert
-    expert_ids: Tensor  # [G_s] int64 logical ids
-    counts: Tensor  # [G_s] int64
+    layer: int
+    x: Tensor  # [T, H]
+    plan: DispatchPlan
+    out: Future
+    deadline: float
 
 
-def plan_requests(placement: Placement, layer: int, expert_ids: Tensor, counts: Tensor) -> list[ServerRequest]:
-    """Split each expert's contiguous rows into near-equal chunks over its replicas; one request per
-    server. The first replica of each chunking rotates with the expert id, so single rows spread."""
-    replicas = placement.replicas.get(layer)
-    if replicas is None:
-        raise KeyError(f"placement v{placement.version} has no layer {layer}")
-    per_server: dict[str, tuple[list[Tensor], list[int], list[int]]] = {}
-    start = 0
-    for e, n in zip(expert_ids.tolist(), counts.tolist()):
-        if not 0 <= e < len(replicas):
-            raise ValueError(f"expert_ids: expert {e} is outside placement v{placement.version} layer {layer} ({len(replicas)} experts)")
-        copies = replicas[e]
-        r = len(copies)
-        base, extra = divmod(n, r)
-        offset = start
-        for k in range(r):
-            take = base + (1 if k < extra else 0)
-            if take == 0:
-                continue
-            server = copies[(e + k) % r]
-            rows, ids, cnts = per_server.setdefault(server, ([], [], []))
-            rows.append(torch.arange(offset, offset + take))
-            ids.append(e)
-            cnts.append(take)
-            offset += take
-        start += n
-    return [
-        ServerRequest(s, torch.cat(rows), torch.tensor(ids, dtype=torch.int64), torch.tensor(cnts, dtype=torch.int64))
-        for s, (rows, ids, cnts) in sorted(per_server.items())
-    ]
+@dataclass
+class _Attempt:
+    """One try of a layer call on one placement: the servers' answers as they arrive."""
+
+    call: _LayerCall
+    version: int
+    parts: list[ServerPart]
+    pending: int
+    partials: dict[str, Tensor] = field(default_factory=dict)  # server -> y [T_s, H]
+    failed: bool = False
 
 
 class RemoteExperts:
-    def __init__(self, placement: Placement, servers: Mapping[str, PeerInfo], transport_for: Callable[[PeerInfo], ExpertTransport]):
+    def __init__(
+        self, placement: Placement, servers: Mapping[str, PeerInfo], transport_for: Callable[[PeerInfo], ExpertTransport],
+        report_failure: Callable[[str, str], None] | None = None, failover_timeout_s: float = 0.0,
+    ):
         """servers: id -> PeerInfo of (at least) every server the placement names;
-        transport_for(peer) opens a transport (e.g. functools.partial(open_transport, mode=..., ...))."""
+        transport_for(peer) opens a transport (e.g. functools.partial(open_transport, mode=..., ...));
+        report_failure(server_id, detail): tell the control plane a server could not be reached
+        (called from a failover thread; must not block long)."""
         self.transport_for = transport_for
+        self.report_failure = report_failure
+        self.failover_timeout_s = failover_timeout_s
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a placement was staged
         self._transports: dict[str, tuple[PeerInfo, ExpertTransport]] = {}
-        self._in_flight: Counter[int] = Counter()  # placement version -> calls in flight
+        self._in_flight: Counter[int] = Counter()  # placement version -> attempts in flight
         self._staged: tuple[Placement, dict[str, PeerInfo]] | None = None
+        self._newest = placement  # the newest placement staged or adopted
         self._retired: list[tuple[int, ExpertTransport]] = []  # (version that retired it, transport)
         self._last_layer = -1
-        self._rotation = 0  # which copy of a replicated expert submit_all uses, advanced per call
+        self._rotation = 0  # which copy computes an expert for a plan that sends every token to every expert
         self.placement = Placement(version=0)
+        self._layers: dict[int, LayerCopies] = {}
         self._install(placement, dict(servers))
 
     # ---- placement ---------------------------------------------------------------------------
     def set_placement(self, placement: Placement, servers: Mapping[str, PeerInfo]) -> None:
-        """Stage `placement`; adopted at the next step boundary."""
-        missing = sorted(set(placement.servers()) - set(servers))
-        if missing:
-            raise ValueError(f"servers: placement v{placement.version} names servers without an address: {missing}")
+        """Stage `placement`; adopted at the next step boundary (or by a layer waiting for it)."""
+        check_servers(placement, servers)
         with self._lock:
-            if placement.version <= max(self.placement.version, self._staged[0].version if self._staged else 0):
+            if placement.version <= self._newest.version:
                 return  # an old or repeated version: nothing to do
             self._staged = (placement, dict(servers))
+            self._newest = placement
+            self._changed.notify_all()
 
     def begin_step(self) -> int:
         """Adopt a staged placement (call between steps); returns the version now used."""
@@ -120,9 +129,7 @@ class RemoteExperts:
             return min(live + [self.placement.version])
 
     def _install(self, placement: Placement, servers: dict[str, PeerInfo]) -> None:
-        missing = sorted(set(placement.servers()) - set(servers))
-        if missing:
-            raise ValueError(f"servers: placement v{placement.version} names servers without an address: {missing}")
+        check_servers(placement, servers)
         opened: dict[str, tuple[PeerInfo, ExpertTransport]] = {}
         for sid in placement.servers():
             have = self._transports.get(sid)
@@ -131,12 +138,13 @@ class RemoteExperts:
             else:
                 opened[sid] = (servers[sid], self.transport_for(servers[sid]))
         kept = {id(t) for _, t in opened.values()}
+        layers = {layer: LayerCopies.of(copies) for layer, copies in placement.replicas.items()}
         with self._lock:
             for _, t in self._transports.values():
                 if id(t) not in kept:  # closed once no call of an older version is in flight
                     self._retired.append((placement.version, t))
             self._transports = opened
-            self.placement = placement
+            self.placement, self._layers = placement, layers
         self._close_retired()
 
     def _close_retired(self) -> None:
@@ -148,129 +156,95 @@ class RemoteExperts:
             t.close()
 
     # ---- ExpertCompute -----------------------------------------------------------------------
-    def submit(self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor) -> Future:
-        """x [N, H] rows grouped by expert; expert_ids [G]; counts [G] -> Future of [N, H]."""
-        self._step_boundary(layer)
-        if x.dim() != 2 or expert_ids.shape != counts.shape or int(counts.sum()) != x.shape[0]:
-            raise ValueError(
-                f"submit: x {list(x.shape)} must be [N, H] with counts summing to N; "
-                f"expert_ids {list(expert_ids.shape)} and counts {list(counts.shape)} (sum {int(counts.sum())}) must match"
-            )
-        if x.shape[0] == 0:
-            return completed(torch.empty_like(x))
-        placement, transports = self._snapshot()
-        requests = {r.server_id: r for r in plan_requests(placement, layer, expert_ids.cpu(), counts.cpu())}
-        out = torch.empty_like(x)  # [N, H]
-
-        def send(sid: str) -> Future:
-            req = requests[sid]
-            xs = x.index_select(0, req.index.to(x.device))  # [N_s, H]
-            return transports[sid].forward(layer, xs, req.expert_ids, req.counts, placement.version)
-
-        def place(sid: str, y: Tensor) -> None:  # y [N_s, H]
-            # the callback runs on the transport's thread; an output allocated under the engine's
-            # inference mode may only be written in inference mode
-            with torch.inference_mode(out.is_inference()):
-                out.index_copy_(0, requests[sid].index.to(out.device), y)
-
-        return self._fan_out(placement.version, sorted(requests), send, place, lambda: out)
-
-    def submit_all(self, layer: int, x: Tensor, weights: Tensor) -> Future:
-        """x [T, H], weights [T, E] float32 combine weights -> Future of [T, H] = sum_e weights[:, e] *
-        expert_e(x) in x.dtype, combined on the expert servers."""
-        self._step_boundary(layer)
-        if x.dim() != 2 or weights.dim() != 2 or weights.shape[0] != x.shape[0]:
-            raise ValueError(f"submit_all: x {list(x.shape)} must be [T, H] and weights {list(weights.shape)} [T, E]")
-        if x.shape[0] == 0:
-            return completed(torch.empty_like(x))
-        placement, transports = self._snapshot()
-        replicas = placement.replicas.get(layer)
-        if replicas is None:
-            raise KeyError(f"placement v{placement.version} has no layer {layer}")
-        if len(replicas) != weights.shape[1]:
-            raise ValueError(f"submit_all: weights has {weights.shape[1]} experts, placement v{placement.version} layer {layer} has {len(replicas)}")
-        with self._lock:
-            self._rotation += 1
-            rotation = self._rotation
-        per_server: dict[str, list[int]] = {}
-        for e, copies in enumerate(replicas):
-            per_server.setdefault(copies[(e + rotation) % len(copies)], []).append(e)
-        w = weights.float().cpu()  # [T, E]
-        partials: dict[str, Tensor] = {}
-
-        def send(sid: str) -> Future:
-            ids = torch.tensor(per_server[sid], dtype=torch.int64)  # [G_s]
-            return transports[sid].forward(layer, x, ids, None, placement.version, weights=w[:, ids].contiguous())
-
-        def place(sid: str, y: Tensor) -> None:  # y [T, H], this server's weighted sum
-            with self._lock:
-                partials[sid] = y
-
-        def total() -> Tensor:
-            acc = torch.zeros(x.shape, dtype=torch.float32)  # [T, H]
-            for sid in sorted(partials):  # fixed order: the same sum whichever server answers first
-                acc += partials[sid].float().cpu()
-            return acc.to(x.device, x.dtype)
-
-        return self._fan_out(placement.version, sorted(per_server), send, place, total)
-
-    def _step_boundary(self, layer: int) -> None:
+    def submit(self, layer: int, x: Tensor, plan: DispatchPlan) -> Future:
+        """x [T, H] -> Future of [T, H] in x.dtype (see `ExpertCompute`), failing over dead servers."""
         if layer < self._last_layer:
             self.begin_step()  # a new forward pass: a step boundary
         self._last_layer = layer
+        out: Future = Future()
+        self._attempt(_LayerCall(layer, x, plan, out, time.monotonic() + self.failover_timeout_s))
+        return out
 
-    def _snapshot(self) -> tuple[Placement, dict[str, ExpertTransport]]:
+    def _attempt(self, call: _LayerCall) -> None:
+        """Split the call by the current placement and send every server its part."""
         with self._lock:
-            placement = self.placement
+            placement, layers = self.placement, self._layers
             transports = {sid: t for sid, (_, t) in self._transports.items()}
-        if placement.version == 0:
-            raise RuntimeError("no placement yet: the control plane has not placed the experts")
-        return placement, transports
-
-    def _fan_out(
-        self, version: int, servers: list[str], send: Callable[[str], Future], place: Callable[[str, Tensor], None],
-        finish: Callable[[], Tensor],
-    ) -> Future:
-        """send(server) to every server at once; place(server, y) each answer; the result is finish()
-        once all answered, or the first error. Counts the call as in flight on placement `version`."""
-        result: Future = Future()
-        pending = [len(servers)]
-        self._enter(version)
-
-        def done(sid: str, fut: Future) -> None:
+            self._rotation += 1
+            rotation = self._rotation
+        try:
+            if placement.version == 0:
+                raise RuntimeError("no placement yet: the control plane has not placed the experts")
+            layer = layers.get(call.layer)
+            if layer is None:
+                raise KeyError(f"placement v{placement.version} has no layer {call.layer}")
+            parts = split_plan(call.plan, layer, call.x.shape[0], rotation)
+        except Exception as e:  # noqa: BLE001 - the caller's future carries it
+            settle(call.out, error=e)
+            return
+        if not parts:  # every row dropped
+            settle(call.out, value=torch.zeros_like(call.x))
+            return
+        attempt = _Attempt(call, placement.version, parts, pending=len(parts))
+        with self._lock:
+            self._in_flight[placement.version] += 1
+        for part in parts:
             try:
-                y = fut.result()
-                if not result.done():
-                    place(sid, y)
-            except BaseException as e:  # noqa: BLE001 - forwarded to the caller's future
-                settle(result, error=e)
-            with self._lock:
-                pending[0] -= 1
-                last = pending[0] == 0
-            if last:
-                self._leave(version)
-                if not result.done():
-                    try:
-                        settle(result, value=finish())
-                    except BaseException as e:  # noqa: BLE001
-                        settle(result, error=e)
-
-        for sid in servers:
-            try:
-                fut = send(sid)
-            except Exception as e:  # noqa: BLE001 - e.g. encoding failed: report like a failed call
+                fut = transports[part.server_id].forward(request_for(call, part, placement.version))
+            except Exception as e:  # noqa: BLE001 - e.g. encoding failed: reported like a failed call
                 fut = Future()
                 fut.set_exception(e)
-            fut.add_done_callback(lambda f, sid=sid: done(sid, f))
-        return result
+            fut.add_done_callback(lambda f, part=part: self._answered(attempt, part, f))
 
-    def _enter(self, version: int) -> None:
+    def _answered(self, attempt: _Attempt, part: ServerPart, fut: Future) -> None:
+        """A server's answer (on its transport's thread): kept, or the attempt fails; the last one sums."""
+        err = fut.exception()
         with self._lock:
-            self._in_flight[version] += 1
+            first_failure = err is not None and not attempt.failed
+            if err is None:
+                attempt.partials[part.server_id] = fut.result()
+            else:
+                attempt.failed = True
+            attempt.pending -= 1
+            last = attempt.pending == 0
+            if last:
+                self._in_flight[attempt.version] -= 1
+        if first_failure:
+            self._failed(attempt.call, attempt.version, err)
+        if last and not attempt.failed:
+            try:
+                settle(attempt.call.out, value=partial_sum(attempt.call.x, attempt.parts, attempt.partials))
+            except Exception as e:  # noqa: BLE001
+                settle(attempt.call.out, error=e)
 
-    def _leave(self, version: int) -> None:
-        with self._lock:
-            self._in_flight[version] -= 1
+    def _failed(self, call: _LayerCall, version: int, err: BaseException) -> None:
+        retried = isinstance(err, MeshError) and err.server_id and err.code not in NOT_RETRIED
+        if not retried or time.monotonic() >= call.deadline:
+            settle(call.out, error=err)
+            return
+        threading.Thread(target=self._fail_over, args=(call, version, err), name="expert-failover", daemon=True).start()
+
+    def _fail_over(self, call: _LayerCall, version: int, err: MeshError) -> None:
+        """Report the server, wait for a placement without it, adopt it and try the layer again."""
+        log.warning("layer %d on placement v%d failed (%r): waiting for a placement without %s", call.layer, version, err, err.server_id)
+        if self.report_failure is not None:
+            try:
+                self.report_failure(err.server_id, str(err))
+            except Exception as e:  # noqa: BLE001 - the heartbeat timeout still finds the server
+                log.warning("could not report %s to the control plane: %s", err.server_id, e)
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: self._newest.version > version and err.server_id not in self._newest.servers(),
+                timeout=max(0.0, call.deadline - time.monotonic()),
+            )
+        if not ok:
+            settle(call.out, error=MeshError(
+                grpc.StatusCode.UNAVAILABLE, f"no placement without this server within {self.failover_timeout_s:.0f}s after: {err.message}",
+                server_id=err.server_id, address=err.address,
+            ))
+            return
+        self.begin_step()
+        self._attempt(call)
 
     def close(self) -> None:
         with self._lock:
@@ -278,3 +252,15 @@ class RemoteExperts:
             self._transports, self._retired = {}, []
         for t in transports:
             t.close()
+
+
+def check_servers(placement: Placement, servers: Mapping[str, PeerInfo]) -> None:
+    missing = sorted(set(placement.servers()) - set(servers))
+    if missing:
+        raise ValueError(f"servers: placement v{placement.version} names servers without an address: {missing}")
+
+
+def request_for(call: _LayerCall, part: ServerPart, version: int) -> ExpertRequest:
+    """A server's part of a layer call as its request: x [T_s, H] holds each of its tokens once."""
+    x = call.x if part.tokens is None else call.x.index_select(0, part.tokens.to(call.x.device))
+    return ExpertRequest(call.layer, version, x, part.token_idx, part.weights, part.expert_ids, part.counts)

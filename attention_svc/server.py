@@ -1,4 +1,5 @@
-"""An attention replica as a server: expert backend, engine, step loop, servicer, gRPC server, /metrics.
+"""An attention replica as a server: remote experts and the control follower (with a control
+plane), engine, step loop, servicer, gRPC server, /metrics.
 
     server, port = await create_server(cfg)   # bound, not started (port 0 picks a free one)
     await server.start()                      # the step loop runs, the gRPC server serves
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 
 from attention_svc.config import AttentionConfig
-from attention_svc.experts import ExpertBackend, open_experts
+from attention_svc.control_follower import ControlFollower, engine_knob_setter
+from attention_svc.remote_experts import RemoteExperts
 from attention_svc.replica import AttentionReplica
 from attention_svc.servicer import SERVICE_NAME, AttentionServicer, pb_grpc
 from attention_svc.step_loop import StepLoop
@@ -21,17 +24,20 @@ from moemesh.engine import LLMEngine
 from moemesh.engine.device import select_device
 from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import MetricsServer, ServiceMetrics
+from moemesh.transport.dist_transport import open_transport
 
 
 class AttentionServer:
-    """The gRPC server, the engine's step loop and the expert backend it owns."""
+    """The gRPC server, the engine's step loop, and (with a control plane) the remote experts and the
+    control follower it owns."""
 
-    def __init__(self, mesh: MeshServer, port: int, replica: AttentionReplica, experts: ExpertBackend, cfg: AttentionConfig,
-                 metrics_server: MetricsServer | None) -> None:
+    def __init__(self, mesh: MeshServer, port: int, replica: AttentionReplica, experts: RemoteExperts | None,
+                 follower: ControlFollower | None, cfg: AttentionConfig, metrics_server: MetricsServer | None) -> None:
         self.mesh = mesh
         self.port = port
         self.replica = replica
         self.experts = experts
+        self.follower = follower
         self.cfg = cfg
         self.metrics_server = metrics_server  # /metrics when cfg.metrics_port is set
         self._loop_task: asyncio.Task | None = None
@@ -53,28 +59,41 @@ class AttentionServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         self.replica.loop.close()
-        await self.experts.close()
+        await close_experts(self.experts, self.follower)
         if self.metrics_server is not None:
             self.metrics_server.stop()
 
 
+async def close_experts(experts: RemoteExperts | None, follower: ControlFollower | None) -> None:
+    if follower is not None:
+        await follower.close()
+    if experts is not None:
+        await asyncio.to_thread(experts.close)  # closing dist links waits on their peers
+
+
 async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
     select_device(cfg.engine.device)  # the CUDA device is current before the expert links or the engine allocate
-    experts = await open_experts(cfg)
-    engine = await asyncio.to_thread(LLMEngine, cfg.engine, experts.compute)
-    metrics = ServiceMetrics("attention", scheduler=engine.stats)
-    loop = StepLoop(engine, between_steps=experts.begin_step, on_step=metrics.observe_step)
-    experts.on_placement = loop.wake
-    if experts.compute is not None:  # routing knobs arrive with placement versions
-        from attention_svc.remote_backend import engine_knob_setter
-
-        experts.apply_knobs = engine_knob_setter(engine)
-    replica = AttentionReplica(engine, loop, experts.placement_version)
-    mesh = build_server(cfg.rpc, Service(pb_grpc.add_AttentionServicer_to_server, AttentionServicer(replica), SERVICE_NAME))
-    port = mesh.bind(f"{cfg.host}:{cfg.port}")
-    await experts.register(f"{cfg.host}:{port}")
+    experts = follower = None  # without a control plane the engine computes its experts in process
+    try:
+        if cfg.control_addr:
+            follower = ControlFollower(cfg.control_addr, cfg.rpc)
+            placement, servers = await follower.first_placement()
+            transport_for = functools.partial(open_transport, mode=cfg.transport, rpc=cfg.rpc)
+            experts = RemoteExperts(placement, servers, transport_for, follower.report_failure, cfg.failover_timeout_s)
+        engine = await asyncio.to_thread(LLMEngine, cfg.engine, experts)
+        metrics = ServiceMetrics("attention", scheduler=engine.stats)
+        wake = asyncio.Event()
+        loop = StepLoop(engine, between_steps=follower.begin_step if follower else lambda: None, on_step=metrics.observe_step, wake=wake)
+        replica = AttentionReplica(engine, loop, lambda: experts.placement.version if experts else 0)
+        mesh = build_server(cfg.rpc, Service(pb_grpc.add_AttentionServicer_to_server, AttentionServicer(replica), SERVICE_NAME))
+        port = mesh.bind(f"{cfg.host}:{cfg.port}")
+        if follower is not None:
+            await follower.start(experts, f"{cfg.host}:{port}", engine_knob_setter(engine), wake.set)
+    except BaseException:
+        await close_experts(experts, follower)
+        raise
     metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None
-    return AttentionServer(mesh, port, replica, experts, cfg, metrics_server), port
+    return AttentionServer(mesh, port, replica, experts, follower, cfg, metrics_server), port
 
 
 async def run(cfg: AttentionConfig, stop: asyncio.Event) -> None:

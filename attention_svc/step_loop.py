@@ -23,14 +23,14 @@ log = logging.getLogger(__name__)
 
 
 class StepLoop:
-    def __init__(self, engine, between_steps=lambda: None, on_step=None) -> None:
+    def __init__(self, engine, between_steps=lambda: None, on_step=None, wake: asyncio.Event | None = None) -> None:
         self.engine = engine
         self.between_steps = between_steps  # e.g. adopt a staged expert placement
         self.on_step = on_step  # on_step(seconds, sequences) after each step (e.g. ServiceMetrics.observe_step)
         self._adds: list[tuple[str, list[int], SamplingParams]] = []
         self._aborts: list[str] = []
         self._streams: dict[str, asyncio.Queue] = {}
-        self._wake = asyncio.Event()
+        self._wake = wake or asyncio.Event()  # set: run one iteration even when idle (e.g. a placement to adopt)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="engine-step")
         self.steps = 0
         self.accepted = 0  # sequences handed to add() since start

@@ -313,7 +313,7 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
         "before": before.figures(), "during": during.figures(), "after": after.figures(), "failed": len(failed),
         "balancedness_before": round(before_st.balancedness, 4), "balancedness_after": round(after_st.balancedness, 4),
         "predicted_gain": round(resp.predicted_gain, 3), "measured_gain": round(measured, 3), "switched": resp.switched,
-        "moves": resp.moves, "bytes_loaded": resp.bytes_to_load, "top_k_switch": knobs,
+        "moves": resp.moves, "bytes_to_load": resp.bytes_to_load, "top_k_switch": knobs,
         "config": {"model": model, "expert_servers": ns.expert_servers, "expert_cpu_quota": ns.expert_cpu_quota, "cpu_budget": budget_mode,
                    "top_k": ns.top_k, "concurrency": ns.concurrency, "transport": ns.transport, "output_len": ns.output_len, "phase_s": ns.phase_s,
                    "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()},

@@ -30,9 +30,9 @@ class ExpertServerConfig:
     dist_port: int = field(default=0, metadata={"help": "TCPStore port of the dist transport; 0 picks a free one"})
     dist_timeout_s: float = field(default=60.0, metadata={"help": "forming a dist pair group or one transfer may take this long"})
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM, in-flight work gets this long"})
-    compute_threads: int = field(default=1, metadata={"help": "Forward calls computed concurrently"})
+    compute_threads: int = field(default=1, metadata={"help": "expert calls computed concurrently"})
     inline_max_elements: int = field(default=1 << 18, metadata={
-        "help": "with compute_threads 1, a Forward whose input has at most this many elements (decode-sized) "
+        "help": "with compute_threads 1, a gRPC call whose rows x hidden is at most this (decode-sized) "
                 "is computed on the event loop, saving two thread hand-offs; 0 = always on the compute pool"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads for the expert GEMMs (0 = torch's default: every core)"})
     load_window_s: float = field(default=60.0, metadata={"help": "sliding window of the per-expert token counts reported to the control plane"})

@@ -1,9 +1,10 @@
 """`DistHub`: the expert server's side of the torch.distributed transport.
 
 It hosts the TCPStore clients rendezvous on and forms one link (dist_link: a gloo pair, plus an
-NCCL pair for a CUDA server) per client (the server is rank 0). Each link then has its own thread that answers the client's frames in order: receive a
-request, run the handler (the servicer's compute, with its checks), send the reply; a failed call
-answers with its gRPC status and the link goes on. The thread ends when the client sends CLOSE or
+NCCL pair for a CUDA server) per client (the server is rank 0). Each link then has its own thread
+that answers the client's frames in order: receive a request, run the handler (the shard's call,
+which checks the request), send the reply; a failed call answers with its gRPC status and the link
+goes on. The thread ends when the client sends CLOSE or
 the link breaks (the client is gone); a process exit ends it too.
 """
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Callable
 import grpc
 import torch
 
-from expert_svc.errors import CallFailed
-from moemesh.transport.dist_frames import CLOSE, CLOSED, FORWARD, ForwardCall, FrameError, error_reply, ok_reply, parse_request
+from moemesh.errors import MeshError
+from moemesh.transport.base import ExpertRequest
+from moemesh.transport.dist_frames import CLOSE, CLOSED, FORWARD, FrameError, error_reply, ok_reply, parse_request
 from moemesh.transport.dist_link import DistLink, LinkBroken, backend_for, host_id, open_link, start_store
 
 SERVER_RANK = 0
@@ -29,12 +31,12 @@ IDLE_WAIT = datetime.timedelta(days=30)  # a link waits this long for its client
 log = logging.getLogger(__name__)
 
 
-Handler = Callable[[ForwardCall], torch.Tensor]  # y [R, H]; raises CallFailed
+Handler = Callable[[ExpertRequest], torch.Tensor]  # y [T, H]; raises MeshError
 
 
 class DistHub:
-    def __init__(self, host: str, port: int, device: torch.device, timeout_s: float, max_bytes: int, handler: Handler | None = None):
-        """handler: computes one call (set later with `serve` when the servicer is built after the hub)."""
+    def __init__(self, host: str, port: int, device: torch.device, timeout_s: float, max_bytes: int, handler: Handler):
+        """handler: computes one call; max_bytes: the largest request frame a link accepts."""
         self.host = host
         self.device = device
         self.backend = backend_for(device)
@@ -48,9 +50,6 @@ class DistHub:
         self._ending: set[str] = set()  # links whose thread is tearing its group down
         self._lock = threading.Lock()
         self._closed = False
-
-    def serve(self, handler: Handler) -> None:
-        self.handler = handler
 
     def open(self, client_id: str, client_host_id: str) -> tuple[str, bytes]:
         """Start forming a pair group with `client_id` and serving it; returns the link id it must
@@ -104,13 +103,10 @@ class DistHub:
         try:
             if words[0] != FORWARD:
                 raise FrameError(f"dist frame: kind {words[0]} is not FORWARD ({FORWARD}) or CLOSE ({CLOSE})")
-            call = parse_request(words, payload)
-            if self.handler is None:
-                raise CallFailed(grpc.StatusCode.UNAVAILABLE, "the server is not serving yet")
-            return ok_reply(self.handler(call))
+            return ok_reply(self.handler(parse_request(words, payload)))
         except FrameError as e:
             return error_reply(grpc.StatusCode.INVALID_ARGUMENT.value[0], str(e))
-        except CallFailed as e:
+        except MeshError as e:
             return error_reply(e.code.value[0], e.message)
         except Exception as e:  # noqa: BLE001 - a handler bug: answer it, keep the link
             log.exception("dist call failed")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import torch
 
@@ -29,9 +30,10 @@ from moemesh.engine.device import select_device
 from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import GpuTelemetry, MetricsServer, ServiceMetrics
 from moemesh.telemetry.cpu_limit import cpu_limit
+from moemesh.transport.base import ExpertRequest
 
 log = logging.getLogger("expert_svc")
-STOP_GRACE_S = 1.0  # after the drain, the grace of calls other than Forward
+STOP_GRACE_S = 1.0  # after the drain, the grace of calls other than expert calls
 
 
 class ExpertServer:
@@ -94,7 +96,7 @@ class ExpertServer:
             self._beats.cancel()
         if self.agent:
             await self.agent.deregister()
-        # Forward calls are done (or out of time); what is left is open ForwardStreams, which never end on
+        # expert calls are done (or out of time); what is left is open ForwardStreams, which never end on
         # their own, and short calls (stats, health): give those a moment, not the whole drain timeout
         await self.mesh.stop(min(STOP_GRACE_S, max(0.0, deadline - loop.time())))
         log.info("drained: %d calls still in flight at stop", self.shard.stats.in_flight)
@@ -114,6 +116,19 @@ class ExpertServer:
         await self.mesh.stop(0)
 
 
+def counted(shard: ExpertShard) -> Callable[[ExpertRequest], torch.Tensor]:
+    """shard.forward, counted as in flight while it runs (the dist links' handler; the gRPC servicer
+    counts its calls itself)."""
+    def forward(req: ExpertRequest) -> torch.Tensor:
+        shard.stats.enter()
+        try:
+            return shard.forward(req)
+        finally:
+            shard.stats.leave()
+
+    return forward
+
+
 async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -125,11 +140,11 @@ async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
     shard.stats.metrics = metrics  # queue depth and busy time mirrored into /metrics
     if cfg.preload == "all":
         shard.load_all()
-    dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s, cfg.rpc.max_message_bytes) if cfg.offers_dist else None
+    dist = None
+    if cfg.offers_dist:
+        dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s, cfg.rpc.max_message_bytes, handler=counted(shard))
     pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
-    servicer = ExpertServicer(
-        shard, pool, cfg.rpc.max_message_bytes, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0
-    )
+    servicer = ExpertServicer(shard, pool, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0)
     mesh = build_server(cfg.rpc, Service(expert_grpc.add_ExpertServiceServicer_to_server, servicer, SERVICE_NAME))
     port = mesh.bind(f"{cfg.host}:{cfg.port}")
     mesh.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))

@@ -10,40 +10,39 @@ import grpc
 import torch
 
 from expert_svc.dist_hub import CLIENT_RANK, DistHub
-from expert_svc.errors import BadForward, CallFailed, OverBudget, UnknownExperts
 from expert_svc.shard import ExpertShard
-from moemesh.errors import MeshError
+from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
 from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
+from moemesh.transport.base import ExpertRequest
 from moemesh.transport.codec import CodecError, decode, encode
-from moemesh.transport.dist_frames import ForwardCall
 
 SERVICE_NAME = "moemesh.v1.ExpertService"
 expert_pb2, expert_grpc = load("expert")
 log = logging.getLogger(__name__)
 
-STATUS = {
-    UnknownExperts: grpc.StatusCode.FAILED_PRECONDITION,
-    BadForward: grpc.StatusCode.INVALID_ARGUMENT,
-    CodecError: grpc.StatusCode.INVALID_ARGUMENT,
-    OverBudget: grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
+
+def to_request(msg) -> ExpertRequest:
+    """A ForwardRequest as an `ExpertRequest` (its tensors view the message's bytes); what the values
+    mean is the shard's check."""
+    try:
+        for name in ("x", "token_idx", "weights"):
+            if not msg.HasField(name):
+                raise invalid(f"{name}: missing")
+        x, token_idx, weights = decode(msg.x, "x"), decode(msg.token_idx, "token_idx"), decode(msg.weights, "weights")
+    except CodecError as e:
+        raise invalid(str(e)) from None
+    ids = torch.tensor(list(msg.expert_ids), dtype=torch.int64)
+    counts = torch.tensor(list(msg.counts), dtype=torch.int64)
+    return ExpertRequest(msg.layer, msg.placement_version, x, token_idx, weights, ids, counts)
 
 
-def status_of(e: Exception) -> grpc.StatusCode | None:
-    for cls, code in STATUS.items():
-        if isinstance(e, cls):
-            return code
-    return None
-
-
-def failure_of(e: Exception, what: str) -> CallFailed:
-    """A domain error as its status; anything else (e.g. an unreadable checkpoint) as INTERNAL, logged."""
-    code = status_of(e)
-    if code is not None:
-        return CallFailed(code, str(e))
+def failure_of(e: Exception, what: str) -> MeshError:
+    """A MeshError as it is; anything else (e.g. an unreadable checkpoint) as INTERNAL, logged."""
+    if isinstance(e, MeshError):
+        return e
     log.error("%s failed", what, exc_info=e)
-    return CallFailed(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    return MeshError(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
 
 def expert_set(held: dict[int, tuple[int, ...]]):
@@ -52,28 +51,25 @@ def expert_set(held: dict[int, tuple[int, ...]]):
 
 class ExpertServicer(expert_grpc.ExpertServiceServicer):
     def __init__(
-        self, shard: ExpertShard, pool: ThreadPoolExecutor, max_message_bytes: int, dist: DistHub | None = None,
+        self, shard: ExpertShard, pool: ThreadPoolExecutor, dist: DistHub | None = None,
         gpu: GpuTelemetry | None = None, inline_max_elements: int = 0,
     ):
-        """inline_max_elements: a gRPC Forward whose x has at most this many elements (a decode-sized
-        call) is computed on the event loop itself instead of the pool (0 = never). With one compute
-        thread the pool runs calls one at a time anyway, and its two thread hand-offs per call
-        (loop -> pool -> loop) are a large part of a small call's latency; larger calls (prefill)
-        stay on the pool so health checks and heartbeats are never held up long. The shard's layers
-        are immutable snapshots, so a LoadExperts running on the pool meanwhile stays safe."""
+        """inline_max_elements: a call whose rows x hidden is at most this (a decode-sized call) is
+        computed on the event loop itself instead of the pool (0 = never). With one compute thread the
+        pool runs calls one at a time anyway, and its two thread hand-offs per call (loop -> pool ->
+        loop) are a large part of a small call's latency; larger calls (prefill) stay on the pool so
+        health checks and heartbeats are never held up long. The shard's layers are immutable
+        snapshots, so a LoadExperts running on the pool meanwhile stays safe."""
         self.inline_max_elements = inline_max_elements
         self.gpu = gpu
         self.shard = shard
         self.pool = pool
-        self.max_bytes = max_message_bytes
         self.dist = dist
         # with a control plane: `ControlAgent.check_drop`, which refuses drops of experts still placed here
         self.drop_guard: Callable[[dict[int, list[int]]], Awaitable[None]] | None = None
-        if dist is not None:
-            dist.serve(self.forward_dist)
 
     async def _call(self, fn, *args, inline: bool = False):
-        """fn(*args) on the compute pool (or here, `inline`); failures raise `CallFailed` with their status."""
+        """fn(*args) on the compute pool (or here, `inline`); failures raise MeshError with their status."""
         try:
             if inline:
                 return fn(*args)
@@ -81,74 +77,27 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         except Exception as e:  # noqa: BLE001 - reported with its status; the server keeps serving
             raise failure_of(e, getattr(fn, "__name__", "call")) from None
 
-    async def _run(self, context, fn, *args, inline: bool = False):
-        """`_call`, with a failure ending the RPC with its status."""
+    async def _run(self, context, fn, *args):
+        """`_call` on the pool, with a failure ending the RPC with its status."""
         try:
-            return await self._call(fn, *args, inline=inline)
-        except CallFailed as e:
+            return await self._call(fn, *args)
+        except MeshError as e:
             await context.abort(e.code, e.message)
 
-    async def _forward_rows(self, request) -> torch.Tensor:
-        """y for a request carrying x (grouped rows, or tokens with weights)."""
-        if not request.HasField("x"):
-            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, "x is missing")
-        try:
-            x = decode(request.x, field="x", max_bytes=self.max_bytes, ndim=2)
-        except CodecError as e:
-            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        return await self._call(self._computation(request, x), inline=x.numel() <= self.inline_max_elements)
-
-    async def Forward(self, request, context):
-        self.shard.stats.enter()
-        try:
-            try:
-                y = await self._forward_rows(request)
-            except CallFailed as e:
-                await context.abort(e.code, e.message)
-            return expert_pb2.ForwardResponse(y=encode(y))
-        finally:
-            self.shard.stats.leave()
-
     async def ForwardStream(self, request_iterator, context):
-        """Forward calls on one stream, answered in order; a failed call answers with its status in
-        the message and the stream goes on."""
+        """Calls on one stream, answered in order; a failed call answers with its status in the
+        message and the stream goes on."""
         async for request in request_iterator:
             self.shard.stats.enter()
             try:
-                resp = expert_pb2.ForwardResponse(call_id=request.call_id, y=encode(await self._forward_rows(request)))
-            except CallFailed as e:
+                req = to_request(request)
+                inline = req.token_idx.numel() * self.shard.model.hidden_size <= self.inline_max_elements
+                resp = expert_pb2.ForwardResponse(call_id=request.call_id, y=encode(await self._call(self.shard.forward, req, inline=inline)))
+            except MeshError as e:
                 resp = expert_pb2.ForwardResponse(call_id=request.call_id, error_code=e.code.value[0], error=e.message)
             finally:
                 self.shard.stats.leave()
             yield resp
-
-    def _computation(self, request, x: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """The request's compute on x, as a call whose domain errors `_run` maps to statuses."""
-        def compute() -> torch.Tensor:
-            weights = decode(request.weights, field="weights", max_bytes=self.max_bytes, ndim=2) if request.HasField("weights") else None
-            return self.compute(request.layer, x, list(request.expert_ids), list(request.counts), weights)
-
-        compute.__name__ = "forward"
-        return compute
-
-    def compute(self, layer: int, x: torch.Tensor, expert_ids: list[int], counts: list[int], weights: torch.Tensor | None) -> torch.Tensor:
-        """Grouped rows x [N, H] with counts [G], or (weights [T, G] set) tokens x [T, H] combined
-        on the server; raises the shard's domain errors."""
-        if weights is None:
-            return self.shard.forward(layer, x, expert_ids, counts)
-        if counts:
-            raise BadForward("counts must be empty when weights is set (every expert computes every row of x)")
-        return self.shard.forward_weighted(layer, x, expert_ids, weights)
-
-    def forward_dist(self, call: ForwardCall) -> torch.Tensor:
-        """One call from a dist link (on the link's thread): y, or CallFailed with the status."""
-        self.shard.stats.enter()
-        try:
-            return self.compute(call.layer, call.x, call.expert_ids, call.counts, call.weights)
-        except Exception as e:  # noqa: BLE001 - answered on the link with its status
-            raise failure_of(e, "dist forward") from None
-        finally:
-            self.shard.stats.leave()
 
     async def LoadExperts(self, request, context):
         for le in request.experts:

@@ -82,11 +82,11 @@ class ShardStats:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def record(self, layer: int, expert_ids: list[int], counts: list[int], seconds: float) -> None:
-        """One computed request: counts[G] rows for expert_ids[G] of `layer`, `seconds` of compute."""
-        if expert_ids:
-            self.load.add_sparse(layer, torch.tensor(expert_ids, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64))
-        self.work.add(requests=1, expert_calls=sum(1 for c in counts if c), rows=sum(counts), busy_seconds=seconds,
+    def record(self, layer: int, expert_ids: torch.Tensor, counts: torch.Tensor, seconds: float) -> None:
+        """One computed request: counts [G] int64 rows for expert_ids [G] int64 of `layer`, `seconds` of compute."""
+        if expert_ids.numel():
+            self.load.add_sparse(layer, expert_ids, counts)
+        self.work.add(requests=1, expert_calls=int((counts > 0).sum()), rows=int(counts.sum()), busy_seconds=seconds,
                       cpu_seconds=self._cpu_since())
         with self._lock:
             self._requests += 1

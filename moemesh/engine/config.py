@@ -35,8 +35,8 @@ class EngineConfig:
     num_threads: int | None = field(default=1, metadata={"help": "torch intra-op threads; unset = torch's default", "metavar": "N"})
     pack_experts: bool | None = field(default=None, metadata={
         "help": "also hold a oneDNN-packed copy of the experts for steps that route every token to every expert (CPU: "
-                "bfloat16, or float32 with >= 2 threads); unset = when it takes at most a quarter of the memory available "
-                "at load (moe.local_experts.pack_by_default)"})
+                "bfloat16, or float32 with >= 2 threads); unset = when the model's own top-k is its number of experts and "
+                "the copy takes at most a quarter of the memory available at load (moe.layer_experts.pack_by_default)"})
     device: str = field(default="cpu", metadata={"help": "where weights, KV cache and steps live: cpu, cuda (the current CUDA device) or cuda:N"})
     prefix_cache: bool = field(default=True, metadata={
         "help": "keep computed full KV blocks keyed by their token prefix and reuse them for later requests that start "

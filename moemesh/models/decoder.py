@@ -1,9 +1,9 @@
 """The Llama-family MoE decoder (Mixtral, Qwen3-MoE): weights, and a forward split at each MoE layer.
 
-Shape legend: T tokens, H hidden, E experts, K top-k, N rows sent to the experts, R logits rows, V vocab.
+Shape legend: T tokens, H hidden, E experts, K top-k, R logits rows, V vocab.
 
 `forward_stages` is a generator: it runs up to a MoE layer's expert submit (attention, gate, dispatch
-plan, `ExpertCompute.submit`), yields, and on resumption waits for the experts' future and combines.
+plan, `ExpertCompute.submit`), yields, and on resumption adds the experts' combined output.
 Driving two such generators alternately overlaps one micro-batch's attention with the other's experts.
 """
 from __future__ import annotations
@@ -22,10 +22,9 @@ from moemesh.models.batch import BatchMeta
 from moemesh.models.layers import (
     RotaryTable, linear, matmul_layout, packed_for_linear, rms_norm, rope_for_step, silu_mlp,
 )
-from moemesh.moe.combine import combine
-from moemesh.moe.dispatch import make_plan, routes_all
-from moemesh.moe.expert_compute import AllExpertsCompute, ExpertCompute
-from moemesh.moe.gate import softmax_all, softmax_topk
+from moemesh.moe.dispatch import make_plan
+from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.gate import softmax_topk
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
@@ -148,9 +147,7 @@ class MoeDecoderLM:
         for the rows meta.logits_idx."""
         cfg = self.cfg
         x = self.embed[meta.input_ids]  # [T, H]
-        t = x.shape[0]
         rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # shared by every layer
-        all_capable = isinstance(experts, AllExpertsCompute)
         for idx, lyr in enumerate(self.layers):
             h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
             k_cache, v_cache = kv_caches[idx]
@@ -161,18 +158,11 @@ class MoeDecoderLM:
                 continue
             lk = knobs.for_layer(idx)
             top_k = lk.top_k or cfg.top_k
-            router_logits = linear(h, lyr.router)  # [T, E]
-            if all_capable and routes_all(t, cfg.num_experts, top_k, lk.capacity_factor):
-                future = experts.submit_all(idx, h, softmax_all(router_logits, cfg.norm_topk_prob))
-                if future is not None:  # every token to every expert: no dispatch rows, combined there
-                    yield
-                    x = x + future.result()
-                    continue
-            routing = softmax_topk(router_logits, top_k, cfg.norm_topk_prob)  # [T, K]
+            routing = softmax_topk(linear(h, lyr.router), top_k, cfg.norm_topk_prob)  # [T, K]
             plan = make_plan(routing, cfg.num_experts, lk.capacity_factor)
-            future = experts.submit(idx, h[plan.token_idx], plan.expert_ids, plan.counts)  # rows [N, H]
+            future = experts.submit(idx, h, plan)
             yield
-            x = x + combine(future.result(), plan, t)
+            x = x + future.result()  # [T, H]
         h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
         return linear(h, self.lm_head).float()  # [R, V]
 

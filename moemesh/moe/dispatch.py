@@ -15,16 +15,16 @@ from moemesh.moe.gate import Routing
 
 @dataclass(frozen=True)
 class DispatchPlan:
-    """Kept token-expert pairs sorted by expert.
+    """Kept token-expert pairs sorted by expert: what `ExpertCompute.submit` computes and combines.
 
-    token_idx   [N] int64  source token of each row
-    weights     [N] float32 combine weight of each row
-    expert_ids  [G] int64  experts that receive rows (ascending)
-    counts      [G] int64  rows per expert (sum == N)
-    capacity    rows per expert the plan is padded to (None when dropless); an expert never gets more
-    dropped     pairs that did not fit (contribute nothing to the output)
-    uniform     every expert 0..E-1 gets all T tokens, in token order (top-k == E, nothing dropped):
-                rows are x.repeat(E, 1) and row e*T + t belongs to token t
+    token_idx    [N] int64  source token of each row
+    weights      [N] float32 combine weight of each row
+    expert_ids   [G] int64  experts that receive rows (ascending)
+    counts       [G] int64  rows per expert (sum == N)
+    capacity     rows per expert the plan is padded to (None when dropless); an expert never gets more
+    dropped      pairs that did not fit (contribute nothing to the output)
+    all_experts  every expert 0..E-1 gets every token, in token order (top-k == E, nothing dropped):
+                 row e*T + t belongs to token t, so the expert compute may run the experts side by side
     """
 
     token_idx: Tensor
@@ -33,7 +33,7 @@ class DispatchPlan:
     counts: Tensor
     capacity: int | None
     dropped: int
-    uniform: bool = False
+    all_experts: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -49,22 +49,15 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
     return bound if capacity_factor > 0 else min(max_count, bound)
 
 
-def routes_all(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> bool:
-    """Every token goes to every expert and no row is dropped (the plan `make_plan` would make is uniform)."""
-    if top_k != num_experts or not num_tokens:
-        return False
-    capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count=num_tokens)
-    return capacity is None or capacity >= num_tokens
-
-
 def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) -> DispatchPlan:
     """Sort the T*K choices by expert. Priority within an expert when capacity binds: all first choices
     (in token order) before any second choice, and so on (as Tutel does)."""
     ids = routing.expert_ids  # [T, K]
     num_tokens, top_k = ids.shape
-    if routes_all(num_tokens, num_experts, top_k, capacity_factor):
+    if top_k == num_experts and num_tokens:
         capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count=num_tokens)
-        return uniform_plan(routing, num_experts, capacity)
+        if capacity is None or capacity >= num_tokens:  # every token to every expert, nothing dropped
+            return all_experts_plan(routing, num_experts, capacity)
     # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order.
     flat_ids = ids.t().reshape(-1)  # [K*T]
     flat_w = routing.weights.t().reshape(-1)  # [K*T]
@@ -94,11 +87,11 @@ def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) 
     )
 
 
-def uniform_plan(routing: Routing, num_experts: int, capacity: int | None) -> DispatchPlan:
+def all_experts_plan(routing: Routing, num_experts: int, capacity: int | None) -> DispatchPlan:
     """Every token goes to every expert: no sort, rows in (expert, token) order."""
     ids = routing.expert_ids  # [T, E], a permutation of the experts per token
     num_tokens = ids.shape[0]
-    by_expert = torch.zeros(num_tokens, num_experts, dtype=routing.weights.dtype).scatter_(1, ids, routing.weights)  # [T, E]
+    by_expert = torch.zeros(num_tokens, num_experts, dtype=routing.weights.dtype, device=ids.device).scatter_(1, ids, routing.weights)  # [T, E]
     return DispatchPlan(
         token_idx=torch.arange(num_tokens, device=ids.device).repeat(num_experts),
         weights=by_expert.t().reshape(-1),
@@ -106,5 +99,5 @@ def uniform_plan(routing: Routing, num_experts: int, capacity: int | None) -> Di
         counts=torch.full((num_experts,), num_tokens, dtype=torch.long, device=ids.device),
         capacity=capacity,
         dropped=0,
-        uniform=True,
+        all_experts=True,
     )

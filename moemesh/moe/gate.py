@@ -30,9 +30,3 @@ def softmax_topk(router_logits: Tensor, top_k: int, normalize: bool) -> Routing:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return Routing(expert_ids=ids, weights=weights)
 
-
-def softmax_all(router_logits: Tensor, normalize: bool) -> Tensor:
-    """router_logits [T, E] -> weights [T, E] float32 in expert order when every expert is kept
-    (top-k == E): the softmax, renormalized to sum to 1 when `normalize` (as softmax_topk would)."""
-    probs = torch.softmax(router_logits.float(), dim=-1)  # [T, E]
-    return probs / probs.sum(dim=-1, keepdim=True) if normalize else probs

@@ -1,23 +1,27 @@
-"""`ExpertTransport`: one expert server as seen from an attention replica.
+"""What travels between an attention replica and one expert server, and the transport interface.
 
-Shape legend: N rows grouped by expert, G experts in the request, H hidden.
+Shape legend: T_s tokens the server needs, N_s rows (token-expert pairs) for it, G_s experts named,
+H hidden.
 
-    fut = transport.forward(layer, x[N, H], expert_ids[G], counts[G], placement_version)
-    y = fut.result()            # [N, H] in x.dtype, on x.device
-    fut = transport.forward(layer, x[T, H], expert_ids[G], None, placement_version, weights[T, G])
-    y = fut.result()            # [T, H]: combined on the server
+    fut = transport.forward(ExpertRequest(layer, version, x[T_s, H], token_idx[N_s], weights[N_s],
+                                          expert_ids[G_s], counts[G_s]))
+    y = fut.result()            # [T_s, H] in x.dtype, on x.device: this server's weighted partial sum
 
-Implementations: `GrpcTransport` (any host; the tensors ride in the gRPC message) and
+Implementations: `GrpcTransport` (any host; the tensors ride in `ForwardStream` messages) and
 `DistTransport` (same node; gRPC opens a torch.distributed link, then each call is one frame each
-way on it). `open_transport` picks one per peer. Failures surface as `ExpertServerError`.
+way on it). `open_transport` picks one per peer. A failed call fails its future with
+`moemesh.errors.MeshError` naming the server (`server_id`, `address`) and carrying the status.
 """
 from __future__ import annotations
 
 from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 from torch import Tensor
+
+from moemesh.errors import MeshError
 
 
 class PeerInfo(Protocol):
@@ -29,34 +33,43 @@ class PeerInfo(Protocol):
     dist_addr: str
 
 
-class ExpertServerError(RuntimeError):
-    """An expert server failed a request; names the server, carries the gRPC status when there is one."""
+@dataclass(frozen=True)
+class ExpertRequest:
+    """One expert server's part of one MoE layer call: each token it needs once, and per row (grouped
+    by expert) the token it reads and the weight its output carries. The server returns
+    y [T_s, H] (x.dtype): y[t] = sum over rows r with token_idx[r] == t of weights[r] * expert(r)(x[t]).
 
-    def __init__(self, server_id: str, address: str, message: str, code: grpc.StatusCode | None = None):
-        super().__init__(f"expert server {server_id} ({address}): {message}")
-        self.server_id = server_id
-        self.address = address
-        self.detail = message
-        self.code = code
+    layer              decoder layer index
+    placement_version  the placement the caller split the layer by
+    x           [T_s, H] float32 / bfloat16 / float16
+    token_idx   [N_s] int32  row -> index into x
+    weights     [N_s] float32 combine weight of each row
+    expert_ids  [G_s] int64  logical experts, each once; rows grouped in this order
+    counts      [G_s] int64  rows per expert (sum N_s)
+    """
+
+    layer: int
+    placement_version: int
+    x: Tensor
+    token_idx: Tensor
+    weights: Tensor
+    expert_ids: Tensor
+    counts: Tensor
 
 
 class ExpertTransport(Protocol):
     server_id: str
 
-    def forward(
-        self, layer: int, x: Tensor, expert_ids: Tensor, counts: Tensor | None, placement_version: int = 0, weights: Tensor | None = None
-    ) -> Future:
-        """Future resolving to y [N, H] (x.dtype, x.device), or failing with ExpertServerError.
-        With weights [T, G] float32 (and counts None) the server combines: x is [T, H] with each
-        token once and y [T, H] = sum_g weights[:, g] * expert_g(x)."""
+    def forward(self, req: ExpertRequest) -> Future:
+        """Future resolving to y [T_s, H] (req.x.dtype, on req.x.device), or failing with MeshError."""
         ...
 
     def close(self) -> None: ...
 
 
-def rpc_error(peer: PeerInfo, e: grpc.RpcError) -> ExpertServerError:
-    """A failed call (sync grpc.RpcError or aio AioRpcError: both carry code() and details())."""
-    return ExpertServerError(peer.server_id, peer.address, f"{e.code().name}: {e.details()}", e.code())
+def peer_error(peer: PeerInfo, code: grpc.StatusCode, message: str) -> MeshError:
+    """A failed call to `peer`."""
+    return MeshError(code, message, server_id=peer.server_id, address=peer.address)
 
 
 def settle(fut: Future, value: object = None, error: BaseException | None = None) -> None:

@@ -3,8 +3,9 @@
 Encoding views the (contiguous, CPU) tensor's storage as bytes, so bfloat16, float8 and packed
 float4 (`float4_e2m1fn_x2`, two values per byte) travel bit-exactly like any other dtype. Decoding
 wraps the message's bytes without copying (`torch.frombuffer`); the result is read-only memory:
-clone it before writing in place. Every decode checks the dtype against the allow-list, the shape
-against the byte count and an optional size limit, and raises `CodecError` naming the field.
+clone it before writing in place. Every decode checks the dtype against the allow-list and the shape
+against the byte count, and raises `CodecError` naming the field (the message size is bounded by the
+channel's limit, `RpcConfig.max_message_mb`).
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def check_shape(shape: list[int], field: str) -> tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
-def decode(msg: Any, field: str = "tensor", max_bytes: int | None = None, ndim: int | None = None) -> torch.Tensor:
+def decode(msg: Any, field: str = "tensor", ndim: int | None = None) -> torch.Tensor:
     """A CPU tensor viewing `msg.data` (read-only, no copy). `field` names the message in errors."""
     dtype = parse_dtype(msg.dtype, field)
     shape = check_shape(list(msg.shape), field)
@@ -88,8 +89,6 @@ def decode(msg: Any, field: str = "tensor", max_bytes: int | None = None, ndim: 
         raise CodecError(f"{field}.shape {list(shape)} must have {ndim} dimensions")
     itemsize = torch.empty((), dtype=dtype).element_size()
     expected = math.prod(shape) * itemsize
-    if max_bytes is not None and expected > max_bytes:
-        raise CodecError(f"{field} of shape {list(shape)} ({expected} bytes) exceeds the limit of {max_bytes} bytes")
     if len(msg.data) != expected:
         raise CodecError(f"{field}.data has {len(msg.data)} bytes, shape {list(shape)} of {msg.dtype} needs {expected}")
     if expected == 0:

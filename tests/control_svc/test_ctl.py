@@ -54,6 +54,7 @@ def test_rebalance_dry_run_against_a_live_control_plane(moe_dir, loop, capsys, m
     from control_svc.config import ControlConfig
     from control_svc.server import create_server
     from moemesh.cli.main import main
+    from moemesh.transport.base import ExpertRequest
     from tests.expert_svc.fixtures import HIDDEN, running_expert_servers
     from tests.fixtures.auth import TEST_RPC, TEST_TOKEN
 
@@ -71,8 +72,11 @@ def test_rebalance_dry_run_against_a_live_control_plane(moe_dir, loop, capsys, m
                 time.sleep(0.05)
             for srv, rows in ((hot, 24), (cold, 1)):  # the first server's experts get most of the rows
                 for layer, held in srv.shard.held().items():
+                    g = len(held)
+                    req = ExpertRequest(layer, 1, torch.randn(rows, HIDDEN), torch.arange(rows, dtype=torch.int32).repeat(g),
+                                        torch.rand(rows * g), torch.tensor(held, dtype=torch.int64), torch.full((g,), rows, dtype=torch.int64))
                     for _ in range(30):
-                        srv.shard.forward(layer, torch.randn(rows * len(held), HIDDEN), list(held), [rows] * len(held))
+                        srv.shard.forward(req)
             while control.plane.cost_inputs(control.plane.board.current).costs.calibrated is False or control.plane.load().sum() < 1000:
                 assert time.monotonic() < deadline, "the heartbeats did not carry the load"
                 time.sleep(0.05)

@@ -1,19 +1,20 @@
 """Control plane + expert servers (registered through their ControlAgent) + an attention replica's
-expert backend following the placement: the initial placement and one live switch, end to end."""
+RemoteExperts following the placement through its ControlFollower: the initial placement and one
+live switch, end to end."""
 import asyncio
+import functools
 from contextlib import contextmanager
 
 import torch
 
-from attention_svc.config import AttentionConfig
-from attention_svc.remote_backend import open_remote_experts
+from attention_svc.control_follower import ControlFollower
+from attention_svc.remote_experts import RemoteExperts
 from control_svc.config import ControlConfig
 from control_svc.server import create_server
-from kernels import grouped_expert_mlp
 from moemesh.contracts.placement import Placement
-from moemesh.engine import EngineConfig
-from tests.expert_svc.fixtures import all_weights, routed_rows, running_expert_servers
+from moemesh.transport.dist_transport import open_transport
 from tests.fixtures.auth import TEST_RPC
+from tests.expert_svc.fixtures import all_weights, plan_expected, routed_plan, running_expert_servers
 
 
 @contextmanager
@@ -28,8 +29,21 @@ def running_control(moe_dir, loop):
         loop.run(control.shutdown(0.2), 30)
 
 
-def attention_config(model_dir, control_addr: str, transport: str) -> AttentionConfig:
-    return AttentionConfig(EngineConfig(str(model_dir)), control_addr=control_addr, transport=transport, rpc=TEST_RPC)
+def follow(loop, control_addr: str, transport: str) -> tuple[ControlFollower, RemoteExperts]:
+    """An attention replica's expert side: the follower, and RemoteExperts on the first placement."""
+    async def attention():
+        follower = ControlFollower(control_addr, TEST_RPC)
+        placement, servers = await follower.first_placement(20)
+        remote = RemoteExperts(placement, servers, functools.partial(open_transport, mode=transport, rpc=TEST_RPC))
+        await follower.start(remote, "127.0.0.1:9")
+        return follower, remote
+
+    return loop.run(attention(), 30)
+
+
+def close(loop, follower: ControlFollower, remote: RemoteExperts) -> None:
+    loop.run(follower.close(), 20)
+    remote.close()
 
 
 def test_initial_placement_then_live_switch(moe_dir, loop):
@@ -38,25 +52,19 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
         with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
             agents = [p.agent for p in experts]
 
-            async def attention():
-                backend = await open_remote_experts(attention_config(moe_dir, control.address, "auto"))
-                await backend.register("127.0.0.1:9")
-                return backend
-
-            backend = loop.run(attention(), 30)
-            remote = backend.compute
+            follower, remote = follow(loop, control.address, "auto")
             assert remote.placement.version == 1 and set(remote.placement.servers()) == {a.server_id for a in agents}
-            x, ids, counts = routed_rows(30, list(range(8)))
+            x, plan = routed_plan(30, top_k=2)
             for layer in cfg.moe_layers:
-                torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
+                torch.testing.assert_close(remote.submit(layer, x, plan).result(20), plan_expected(x, plan, weights[layer]))
 
             # live switch: every expert of every layer moves to the first server
             first = agents[0].server_id
             v2 = Placement(2, {l: tuple((first,) for _ in range(8)) for l in cfg.moe_layers})
             switch = loop.submit(control.plane.switch.switch(v2))
             for _ in range(200):  # the next step adopts v2 once it is committed
-                backend.begin_step()
-                if backend.placement_version() == 2:
+                follower.begin_step()
+                if remote.placement.version == 2:
                     break
                 loop.run(asyncio.sleep(0.02), 5)
             assert remote.placement.version == 2
@@ -64,8 +72,8 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
             assert experts[0].shard.held() == {l: tuple(range(8)) for l in cfg.moe_layers}
             assert experts[1].shard.held() == {}  # old copies dropped
             for layer in cfg.moe_layers:
-                torch.testing.assert_close(remote.submit(layer, x, ids, counts).result(20), grouped_expert_mlp(x, ids, counts, weights[layer]))
-            loop.run(backend.close(), 20)
+                torch.testing.assert_close(remote.submit(layer, x, plan).result(20), plan_expected(x, plan, weights[layer]))
+            close(loop, follower, remote)
 
 
 def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
@@ -80,22 +88,16 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
         with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
             agents = [p.agent for p in experts]
 
-            async def attention():
-                backend = await open_remote_experts(attention_config(moe_dir, control.address, "grpc"))
-                await backend.register("127.0.0.1:9")
-                return backend
-
-            backend = loop.run(attention(), 30)
-            remote = backend.compute
+            follower, remote = follow(loop, control.address, "grpc")
             stop, errors, steps = threading.Event(), [], [0]
-            x, ids, counts = routed_rows(24, list(range(8)))
+            x, plan = routed_plan(24, top_k=2)
 
             def attention_steps():
                 while not stop.is_set():
                     for layer in cfg.moe_layers:  # one step: every MoE layer in order
                         try:
-                            y = remote.submit(layer, x, ids, counts).result(20)
-                            torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[layer]))
+                            y = remote.submit(layer, x, plan).result(20)
+                            torch.testing.assert_close(y, plan_expected(x, plan, weights[layer]), rtol=1e-5, atol=1e-5)
                         except Exception as e:  # noqa: BLE001 - collected and asserted on below
                             errors.append(e)
                     steps[0] += 1
@@ -120,7 +122,7 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
             assert experts[1].shard.held() == {}
             assert experts[0].shard.held() == {l: tuple(range(8)) for l in cfg.moe_layers}
             assert agents[1].server_id not in control.plane.registry.experts
-            loop.run(backend.close(), 20)
+            close(loop, follower, remote)
 
 
 def test_drain_does_not_wait_for_a_move_that_failed(moe_dir, loop):

@@ -13,9 +13,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
-from moemesh.transport.codec import decode, encode
-from tests.expert_svc.fixtures import routed_rows, running_expert_servers
+from moemesh.transport.codec import decode
+from moemesh.transport.grpc_transport import request_message
 from tests.fixtures.auth import TEST_RPC, token_env
+from tests.expert_svc.fixtures import routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
 control_pb2, control_grpc = load("control")
@@ -34,13 +35,14 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
             return real(*args)
 
         srv.shard.forward = slow_forward
-        x, ids, counts = routed_rows(8, [1, 2])
-        req = expert_pb2.ForwardRequest(layer=0, expert_ids=ids.tolist(), counts=counts.tolist())
-        encode(x, out=req.x)
+        req = routed_request(8, [1, 2])
+
+        async def one_call(ch):
+            return [r async for r in expert_grpc.ExpertServiceStub(ch).ForwardStream(iter([request_message(req)]), timeout=20)][0]
 
         async def scenario():
             async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
-                call = asyncio.ensure_future(expert_grpc.ExpertServiceStub(ch).Forward(req, timeout=20))
+                call = asyncio.ensure_future(one_call(ch))
                 while srv.shard.stats.in_flight == 0:
                     await asyncio.sleep(0.01)
                 draining = asyncio.ensure_future(srv.drain(10))
@@ -54,7 +56,7 @@ def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
 
         status, y = loop.run(scenario(), 30)
         assert status == health_pb2.HealthCheckResponse.NOT_SERVING
-        assert y.shape == x.shape
+        assert y.shape == req.x.shape
 
         async def after():
             async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
@@ -134,14 +136,13 @@ def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(mo
         srv.shard.forward = recording_forward
 
         async def call(rows):
-            x, ids, counts = routed_rows(rows, [1, 2])
-            req = expert_pb2.ForwardRequest(layer=0, expert_ids=ids.tolist(), counts=counts.tolist())
-            encode(x, out=req.x)
+            req = routed_request(rows, [1], top_k=1)  # `rows` rows, one per token
             async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
-                y = decode((await expert_grpc.ExpertServiceStub(ch).Forward(req, timeout=20)).y)
-            assert y.shape == x.shape
+                stub = expert_grpc.ExpertServiceStub(ch)
+                y = decode([r async for r in stub.ForwardStream(iter([request_message(req)]), timeout=20)][0].y)
+            assert y.shape == req.x.shape
 
-        loop.run(call(4), 30)  # 4 * HIDDEN elements: inline
+        loop.run(call(4), 30)  # 4 rows * HIDDEN: inline
         loop.run(call(5), 30)
         assert ran_on[0] == loop.thread.name
         assert ran_on[1].startswith("expert-compute")
@@ -150,19 +151,19 @@ def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(mo
 def test_drain_does_not_wait_out_an_idle_forward_stream(moe_dir, loop):
     import types
 
-    from moemesh.transport.base import ExpertServerError
+    from moemesh.errors import MeshError
     from moemesh.transport.grpc_transport import GrpcTransport
 
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
         t = GrpcTransport(peer, TEST_RPC, timeout_s=20)
         try:
-            x, ids, counts = routed_rows(4, [1])
-            t.forward(0, x, ids, counts).result(30)  # the stream is open and idle now
+            req = routed_request(4, [1])
+            t.forward(req).result(30)  # the stream is open and idle now
             started = time.monotonic()
             loop.run(srv.drain(20), 30)
             assert time.monotonic() - started < 5  # not the 20 s drain timeout
-            with pytest.raises(ExpertServerError):
-                t.forward(0, x, ids, counts).result(30)
+            with pytest.raises(MeshError):
+                t.forward(req).result(30)
         finally:
             t.close()

@@ -4,12 +4,12 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from kernels import grouped_expert_mlp
 from moemesh.rpc.protos import load
 from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode, encode
-from tests.expert_svc.fixtures import all_weights, routed_rows, running_expert_servers
+from moemesh.transport.grpc_transport import request_message
 from tests.fixtures.auth import TEST_RPC
+from tests.expert_svc.fixtures import all_weights, expected, routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
 
@@ -22,48 +22,49 @@ def call(loop, port, method, request, **kw):
     return loop.run(go(), 30)
 
 
-def forward_request(layer, x, ids, counts):
-    req = expert_pb2.ForwardRequest(layer=layer, placement_version=1, expert_ids=ids.tolist(), counts=counts.tolist())
-    encode(x, out=req.x)
-    return req
+def stream(loop, port, requests):
+    """The responses to `requests` sent on one ForwardStream."""
+    async def go():
+        async with make_channel(f"127.0.0.1:{port}", TEST_RPC) as ch:
+            for i, r in enumerate(requests):
+                r.call_id = i + 1
+            return [r async for r in expert_grpc.ExpertServiceStub(ch).ForwardStream(iter(requests), timeout=20)]
+
+    return loop.run(go(), 30)
 
 
-def test_forward_over_grpc_equals_grouped_gemm(moe_dir, loop):
-    # the server holds float32 experts [in, out] (matmul_layout), which the compiled CPU kernels do not
-    # read: it runs the torch path, which the expected values use, bit for bit
+def test_forward_stream_answers_each_call_with_its_partial_sum(moe_dir, loop):
     cfg, weights = all_weights(moe_dir)
     with running_expert_servers(moe_dir, 1, loop, preload="all", transport="grpc") as (srv,):
-        for layer in cfg.moe_layers:
-            x, ids, counts = routed_rows(17, [7, 0, 3], seed=layer)
-            y = decode(call(loop, srv.port, "Forward", forward_request(layer, x, ids, counts)).y)
-            torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[layer], backend="torch"), rtol=0, atol=0)
-        bf = torch.randn(5, 64).to(torch.bfloat16)
-        ids, counts = torch.tensor([2]), torch.tensor([5])
-        y = decode(call(loop, srv.port, "Forward", forward_request(0, bf, ids, counts)).y)
-        assert y.dtype == torch.bfloat16
-        want = grouped_expert_mlp(bf.float(), ids, counts, weights[0], backend="torch").to(torch.bfloat16)
-        torch.testing.assert_close(y, want, rtol=0, atol=0)
+        reqs = [routed_request(17, [7, 0, 3], layer=layer, seed=layer) for layer in cfg.moe_layers]
+        bf = routed_request(5, [2], dtype=torch.bfloat16)
+        answers = stream(loop, srv.port, [request_message(r) for r in reqs + [bf]])
+        assert [a.call_id for a in answers] == list(range(1, len(reqs) + 2))
+        for req, a in zip(reqs, answers):
+            torch.testing.assert_close(decode(a.y), expected(req, weights[req.layer]), rtol=0, atol=0)
+        y = decode(answers[-1].y)
+        assert y.dtype == torch.bfloat16  # computed in the server's float32, answered in x's dtype
+        want = expected(routed_request(5, [2]), weights[0])
+        torch.testing.assert_close(y, want.to(torch.bfloat16), rtol=1e-2, atol=1e-2)
         stats = call(loop, srv.port, "GetStats", expert_pb2.GetStatsRequest())
-        assert stats.requests == len(cfg.moe_layers) + 1
-        assert sum(l.tokens for l in stats.loads) == 17 * len(cfg.moe_layers) + 5
+        assert stats.requests == len(reqs) + 1
+        assert sum(l.tokens for l in stats.loads) == sum(r.token_idx.numel() for r in reqs + [bf])
 
 
 def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop):
     cfg, weights = all_weights(moe_dir)
     with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
-        x, ids, counts = routed_rows(6, [4, 5])
-        with pytest.raises(grpc.aio.AioRpcError) as e:
-            call(loop, srv.port, "Forward", forward_request(1, x, ids, counts))
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "layer 1" in e.value.details()
+        req = routed_request(6, [4, 5], layer=1)
+        (a,) = stream(loop, srv.port, [request_message(req)])
+        assert a.error_code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "layer 1" in a.error
         held = call(loop, srv.port, "LoadExperts", expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[4, 5, 6])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 5, 6])]
-        y = decode(call(loop, srv.port, "Forward", forward_request(1, x, ids, counts)).y)
-        torch.testing.assert_close(y, grouped_expert_mlp(x, ids, counts, weights[1]))  # float32 rounding: held [in, out]
+        (a,) = stream(loop, srv.port, [request_message(req)])
+        torch.testing.assert_close(decode(a.y), expected(req, weights[1]))  # float32 rounding: held [in, out]
         held = call(loop, srv.port, "DropExperts", expert_pb2.DropExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[5])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 6])]
-        with pytest.raises(grpc.aio.AioRpcError) as e:
-            call(loop, srv.port, "Forward", forward_request(1, x, ids, counts))
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "experts [5]" in e.value.details()
+        (a,) = stream(loop, srv.port, [request_message(req)])
+        assert a.error_code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "experts [5]" in a.error
 
 
 @pytest.mark.parametrize(
@@ -71,23 +72,26 @@ def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop)
     [
         (lambda r: r.x.__setattr__("dtype", "pickle"), "x.dtype"),
         (lambda r: r.x.__setattr__("data", r.x.data[:-4]), "x.data"),
-        (lambda r: r.ClearField("x"), "x is missing"),
-        (lambda r: r.counts.append(1), "counts has"),
-        (lambda r: r.__setattr__("layer", 9), "layer 9"),
-        (lambda r: r.weights.CopyFrom(encode(torch.rand(4, 1))), "counts must be empty when weights is set"),
-        (lambda r: (r.ClearField("counts"), r.weights.CopyFrom(encode(torch.rand(4, 2)))), "weights must be [T, G] = [4, 1]"),
-        (lambda r: (r.ClearField("counts"), r.weights.CopyFrom(encode(torch.rand(4, 1).double()))), "weights.dtype must be float32"),
-        (lambda r: (r.ClearField("counts"), r.weights.__setattr__("dtype", "pickle")), "weights.dtype"),
+        (lambda r: r.ClearField("x"), "x: missing"),
+        (lambda r: r.ClearField("token_idx"), "token_idx: missing"),
+        (lambda r: r.ClearField("weights"), "weights: missing"),
+        (lambda r: r.counts.append(1), "counts: must be int64 [G] = [1]"),
+        (lambda r: r.__setattr__("layer", 9), "layer: 9"),
+        (lambda r: r.token_idx.CopyFrom(encode(torch.tensor([0, 1, 2, 9], dtype=torch.int32))), "token_idx: every value"),
+        (lambda r: r.token_idx.CopyFrom(encode(torch.arange(4))), "token_idx: must be int32"),
+        (lambda r: r.weights.CopyFrom(encode(torch.rand(4).double())), "weights: must be float32"),
+        (lambda r: r.weights.__setattr__("dtype", "pickle"), "weights.dtype"),
     ],
 )
-def test_garbage_requests_are_invalid_argument(moe_dir, loop, mutate, match):
+def test_garbage_requests_are_invalid_argument_and_the_stream_goes_on(moe_dir, loop, mutate, match):
+    cfg, weights = all_weights(moe_dir)
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
-        x, ids, counts = routed_rows(4, [1])
-        req = forward_request(0, x, ids, counts)
-        mutate(req)
-        with pytest.raises(grpc.aio.AioRpcError) as e:
-            call(loop, srv.port, "Forward", req)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and match in e.value.details()
+        good = routed_request(4, [1], top_k=1)
+        bad = request_message(good)
+        mutate(bad)
+        a, b = stream(loop, srv.port, [bad, request_message(good)])
+        assert a.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and match in a.error, a.error
+        torch.testing.assert_close(decode(b.y), expected(good, weights[0]))
 
 
 def test_health_and_reflection(moe_dir, loop):
@@ -123,4 +127,7 @@ def test_unexpected_failure_is_internal_and_the_server_keeps_serving(moe_dir, lo
         bad = expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=0, expert_ids=[8])])
         with pytest.raises(grpc.aio.AioRpcError) as e:
             call(loop, srv.port, "LoadExperts", bad)
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "expert_ids [8]" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "expert_ids: [8]" in e.value.details()
+        srv.shard.forward = lambda req: (_ for _ in ()).throw(KeyError("bug"))
+        (a,) = stream(loop, srv.port, [request_message(routed_request(3, [1]))])
+        assert a.error_code == grpc.StatusCode.INTERNAL.value[0] and "KeyError" in a.error

@@ -42,7 +42,7 @@ def prompt_logprobs(eng: LLMEngine) -> torch.Tensor:
 
 
 def expert_formats(eng: LLMEngine) -> set[str]:
-    return {w.fmt for w in eng.experts.weights.values()}
+    return {lx.weights.fmt for lx in eng.experts.layers.values()}
 
 
 @pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
@@ -107,7 +107,7 @@ def test_native_checkpoint_is_served_as_stored(tiny, fmt, tmp_path):
     native = write_native(path, tmp_path / f"{arch}-{fmt}", fmt)
     stored = engine(native)
     assert expert_formats(stored) == {fmt}
-    w = next(iter(stored.experts.weights.values()))
+    w = next(iter(stored.experts.layers.values())).weights
     assert w.gate_up.segments == 2 and w.down.segments == 1
     # the same rule on load gives the same bytes, hence the same logprobs
     on_load = prompt_logprobs(engine(path, experts_dtype=fmt))
@@ -181,12 +181,16 @@ def test_float32_checkpoint_computes_in_float32_on_the_dequantized_weights(tiny,
 
     _, path = tiny
     eng = engine(path, experts_dtype=fmt, dtype="float32")
-    layer, w = next(iter(eng.experts.weights.items()))
+    from moemesh.moe.dispatch import DispatchPlan
+
+    layer, held = next(iter(eng.experts.layers.items()))
+    w = held.weights
     assert w.fmt == fmt
     torch.manual_seed(0)
     x = torch.randn(6, w.hidden_size)
     ids, counts = torch.tensor([1, 4, 6]), torch.tensor([2, 0, 4])
-    out = eng.experts.submit(layer, x, ids, counts).result()
+    plan = DispatchPlan(torch.arange(6), torch.ones(6), ids, counts, capacity=None, dropped=0)  # each row its own token, weight 1
+    out = eng.experts.submit(layer, x, plan).result()
     assert out.dtype == torch.float32
     ref = reference(x, ids, counts, w)
     assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()

@@ -4,12 +4,12 @@ import asyncio
 
 from grpc_health.v1 import health_pb2
 
-from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.generation import SERVICE_NAME, GenerationClient, build_request
 from moemesh.rpc.server import Service, build_server
 from router_svc.attention_client import pb, pb_grpc
 from router_svc.config import RouterConfig
 from router_svc.server import create_server
+from tests.fixtures.auth import TEST_RPC
 from tests.router_svc.test_discovery_server import ScriptedAttention
 
 
@@ -35,10 +35,10 @@ async def wait_for(predicate, timeout_s: float = 5.0) -> None:
 def test_generation_health_follows_the_replicas_and_tokens_are_counted():
     async def main():
         attention = SwitchableAttention()
-        switchable = build_server(RpcConfig(), Service(pb_grpc.add_AttentionServicer_to_server, attention, "moemesh.v1.Attention"))
-        sport = switchable.add_insecure_port("127.0.0.1:0")
+        switchable = build_server(TEST_RPC, Service(pb_grpc.add_AttentionServicer_to_server, attention, "moemesh.v1.Attention"))
+        sport = switchable.bind("127.0.0.1:0")
         await switchable.start()
-        router_server, rport = await create_server(RouterConfig(attention=f"127.0.0.1:{sport}", load_poll_s=0.05, connect_timeout_s=10))
+        router_server, rport = await create_server(RouterConfig(attention=f"127.0.0.1:{sport}", load_poll_s=0.05, connect_timeout_s=10, rpc=TEST_RPC))
         await router_server.start()
         client = GenerationClient(f"127.0.0.1:{rport}")
         try:

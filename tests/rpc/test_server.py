@@ -17,8 +17,9 @@ class EchoExperts(expert_grpc.ExpertServiceServicer):
     async def GetStats(self, request, context):
         return expert_pb2.ExpertStats(requests=7)
 
-    async def Forward(self, request, context):
-        return expert_pb2.ForwardResponse(y=request.x)
+    async def ForwardStream(self, request_iterator, context):
+        async for request in request_iterator:
+            yield expert_pb2.ForwardResponse(call_id=request.call_id, y=request.x)
 
 
 async def check(stub, name):
@@ -44,9 +45,11 @@ def test_health_reflection_limits_and_shutdown():
                 names += [s.name for s in resp.list_services_response.service]
             assert "moemesh.v1.ExpertService" in names and "grpc.health.v1.Health" in names
             # a message over the configured limit is refused, not crashed on
+            small = expert_pb2.ForwardRequest(call_id=1, x={"dtype": "uint8", "shape": [4], "data": b"\0" * 4})
+            assert [r.call_id async for r in stub.ForwardStream(iter([small]))] == [1]
             big = expert_pb2.ForwardRequest(x={"dtype": "uint8", "shape": [2 << 20], "data": b"\0" * (2 << 20)})
             with pytest.raises(grpc.aio.AioRpcError) as e:
-                await stub.Forward(big)
+                [r async for r in stub.ForwardStream(iter([big]))]
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             await server.set_serving(False)
             assert await check(h, "") == health_pb2.HealthCheckResponse.NOT_SERVING

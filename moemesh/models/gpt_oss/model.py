@@ -24,7 +24,6 @@ from moemesh.models.gpt_oss.config import layer_types, sliding_window
 from moemesh.models.gpt_oss.router import topk_softmax_router
 from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_attention
 from moemesh.models.layers import rms_norm
-from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.contracts.knobs import MoeKnobs
@@ -107,7 +106,6 @@ class GptOssForCausalLM:
         """Yields once per layer (after submitting to the experts); returns logits [R, V] float32."""
         cfg = self.cfg
         x = self.embed[meta.input_ids]  # [T, H]
-        t = x.shape[0]
         for idx, lyr in enumerate(self.layers):
             h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
             k_cache, v_cache = kv_caches[idx]
@@ -116,9 +114,9 @@ class GptOssForCausalLM:
             lk = knobs.for_layer(idx)
             routing = topk_softmax_router(h, lyr.router, lyr.router_bias, lk.top_k or cfg.top_k)  # [T, K]
             plan = make_plan(routing, cfg.num_experts, lk.capacity_factor)
-            future = experts.submit(idx, h[plan.token_idx], plan.expert_ids, plan.counts)  # rows [N, H]
+            future = experts.submit(idx, h, plan)
             yield
-            x = x + combine(future.result(), plan, t)
+            x = x + future.result()  # [T, H]
         h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
         return (h @ self.lm_head.t()).float()  # [R, V]
 

@@ -193,7 +193,7 @@ def test_packed_experts_equal_plain_in_bfloat16(tiny_ckpt):
     plain = engine(path, dtype="bfloat16").generate(PROMPTS, GREEDY)
     packed_engine = engine(path, dtype="bfloat16", pack_experts=True)
     packed = packed_engine.generate(PROMPTS, GREEDY)
-    assert packed_engine.experts.concatenated[0].gate_up.is_mkldnn == torch.backends.mkldnn.is_available()
+    assert packed_engine.experts.layers[0].concatenated.gate_up.is_mkldnn == torch.backends.mkldnn.is_available()
     assert [r.token_ids for r in packed] == [r.token_ids for r in plain]
     assert [r.logprobs for r in packed] == [r.logprobs for r in plain]
 
@@ -206,7 +206,19 @@ def test_float32_with_two_threads_packs_for_onednn_and_keeps_the_tokens(tiny_ckp
     onednn = torch.backends.mkldnn.is_available()
     assert packed_engine.model.lm_head.is_mkldnn == onednn  # tied: a packed copy of the embedding
     assert not packed_engine.model.embed.is_mkldnn  # still indexable
-    assert packed_engine.experts.concatenated[0].gate_up.is_mkldnn == onednn
+    assert packed_engine.experts.layers[0].concatenated.gate_up.is_mkldnn == onednn
     assert [r.token_ids for r in packed] == [r.token_ids for r in plain]
     for a, b in zip(packed, plain):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+def test_the_packed_expert_copy_is_built_by_default_only_when_every_token_goes_to_every_expert(tiny_ckpt):
+    """A sparse model never takes the all-experts path, so auto never doubles its expert memory."""
+    all_experts, _ = tiny_ckpt("mixtral", num_experts_per_tok=4, num_local_experts=4)
+    sparse, _ = tiny_ckpt("mixtral", num_experts_per_tok=2, num_local_experts=4)
+    packed = engine(all_experts, dtype="bfloat16").experts.layers[0].concatenated
+    assert packed.gate_up.is_mkldnn == torch.backends.mkldnn.is_available()
+    sparse_engine = engine(sparse, dtype="bfloat16")
+    assert not sparse_engine.experts.layers[0].concatenated.gate_up.is_mkldnn  # the layout, over the same storage
+    sparse_engine.set_moe_knobs(top_k=4)  # a live top-k change to E still runs side by side
+    assert sparse_engine.generate(PROMPTS, GREEDY)

@@ -4,7 +4,6 @@ import math
 import pytest
 import torch
 
-from moemesh.moe.combine import combine
 from moemesh.moe.dispatch import expert_capacity, make_plan
 from moemesh.moe.gate import Routing
 
@@ -67,18 +66,18 @@ def test_expert_capacity_formula():
 
 
 def test_dropped_pairs_contribute_nothing():
+    from kernels import ExpertWeights
+    from kernels.moe_mlp import moe_mlp
+
     torch.manual_seed(0)
     t, h = 6, 5
     r = routing([[0, 1]] * t, torch.rand(t, 2).tolist())
     plan = make_plan(r, num_experts=2, capacity_factor=0.5)  # capacity ceil(2*.5*6/2)=3 per expert
     assert plan.dropped == 6
-    rows = torch.randn(plan.num_rows, h)
-    out = combine(rows, plan, t)
-    expected = torch.zeros(t, h)
-    for row, (tok, w) in enumerate(zip(plan.token_idx.tolist(), plan.weights.tolist())):
-        expected[tok] += w * rows[row]
-    torch.testing.assert_close(out, expected)
-    assert out[3:].abs().sum() == 0  # tokens 3..5 lost both choices (priority to earlier tokens)
+    assert set(plan.token_idx.tolist()) == {0, 1, 2}  # tokens 3..5 lost both choices (priority to earlier tokens)
+    w = ExpertWeights(torch.randn(2, 8, h), torch.randn(2, h, 4))
+    out = moe_mlp(torch.randn(t, h), plan.token_idx, plan.weights, plan.expert_ids, plan.counts, w)
+    assert out[3:].abs().sum() == 0
 
 
 @pytest.mark.parametrize("cf", [0.0, 1.0, -1.5])
@@ -93,22 +92,19 @@ def test_plan_rows_cover_each_kept_pair_once(cf):
     assert pairs <= {(t, e) for t in range(20) for e in r.expert_ids[t].tolist()}
 
 
-def test_all_experts_per_token_gives_a_uniform_plan_equal_to_the_general_sum():
+def test_all_experts_per_token_gives_every_pair_in_expert_then_token_order():
     torch.manual_seed(2)
-    t, e, h = 5, 4, 3
+    t, e = 5, 4
     probs = torch.softmax(torch.randn(t, e), -1)
     weights, ids = torch.topk(probs, e, dim=-1)
     plan = make_plan(Routing(ids, weights), num_experts=e)
-    assert plan.uniform and plan.counts.tolist() == [t] * e and plan.expert_ids.tolist() == list(range(e))
+    assert plan.all_experts and plan.counts.tolist() == [t] * e and plan.expert_ids.tolist() == list(range(e))
     assert plan.token_idx.tolist() == list(range(t)) * e
-    rows = torch.randn(plan.num_rows, h)
-    expected = torch.zeros(t, h)
-    for row, (tok, ex) in enumerate(zip(plan.token_idx.tolist(), torch.repeat_interleave(plan.expert_ids, plan.counts).tolist())):
-        expected[tok] += probs[tok, ex] * rows[row]
-    torch.testing.assert_close(combine(rows, plan, t), expected)
+    experts = torch.repeat_interleave(plan.expert_ids, plan.counts)
+    torch.testing.assert_close(plan.weights, probs[plan.token_idx, experts])
 
 
 def test_binding_capacity_with_all_experts_falls_back_to_dropping():
     ids = torch.tensor([[0, 1]] * 4)
     plan = make_plan(Routing(ids, torch.full((4, 2), 0.5)), num_experts=2, capacity_factor=0.5)  # capacity 2 < 4
-    assert not plan.uniform and plan.capacity == 2 and plan.dropped == 4
+    assert not plan.all_experts and plan.capacity == 2 and plan.dropped == 4

@@ -19,12 +19,3 @@ def test_bad_top_k_names_field():
     with pytest.raises(ValueError, match="top_k"):
         softmax_topk(torch.zeros(3, 4), 5, normalize=True)
 
-
-def test_softmax_all_is_softmax_topk_with_every_expert_in_expert_order():
-    from moemesh.moe.gate import softmax_all
-
-    logits = torch.randn(6, 5)
-    for normalize in (True, False):
-        r = softmax_topk(logits, 5, normalize)
-        by_expert = torch.zeros(6, 5).scatter_(1, r.expert_ids, r.weights)
-        torch.testing.assert_close(softmax_all(logits, normalize), by_expert)

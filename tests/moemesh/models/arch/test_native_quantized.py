@@ -39,7 +39,7 @@ def quantized(native_checkpoint):
 def test_experts_are_served_as_stored(quantized):
     cfg, reader, experts = quantized["cfg"], quantized["reader"], quantized["experts"]
     layer = cfg.moe_layers[-1]
-    w = experts.weights[layer]
+    w = experts.layers[layer].weights
     assert isinstance(w.gate_up, quantized["kind"]) and isinstance(w.down, quantized["kind"])
     e, inter = 3, cfg.moe_intermediate_size
     p = f"model.layers.{layer}.mlp.experts"

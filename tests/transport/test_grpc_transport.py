@@ -1,6 +1,5 @@
-"""`GrpcTransport` over `ForwardStream` against real expert servers: many calls on one stream,
-a failed call does not end it, a deadline or a dead server fails the calls waiting and the next
-call opens a new stream."""
+"""`GrpcTransport` against real expert servers: many calls on one ForwardStream, a failed call does
+not end it, a deadline or a dead server fails the calls waiting and the next call opens a new stream."""
 import time
 import types
 
@@ -8,11 +7,10 @@ import grpc
 import pytest
 import torch
 
-from kernels import grouped_expert_mlp
-from moemesh.transport.base import ExpertServerError
+from moemesh.errors import MeshError
 from moemesh.transport.grpc_transport import GrpcTransport
-from tests.expert_svc.fixtures import all_weights, loop, moe_dir, routed_rows, running_expert_servers  # noqa: F401
 from tests.fixtures.auth import TEST_RPC
+from tests.expert_svc.fixtures import all_weights, expected, loop, moe_dir, routed_request, running_expert_servers  # noqa: F401
 
 
 def transport_to(srv, timeout_s=20.0):
@@ -25,16 +23,15 @@ def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_en
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         t = transport_to(srv)
         try:
-            calls = [routed_rows(6 + i, [0, 3, 5], seed=i) for i in range(4)]
-            futs = [t.forward(1, x, ids, counts) for x, ids, counts in calls]  # all in flight at once
-            for (x, ids, counts), fut in zip(calls, futs):
-                torch.testing.assert_close(fut.result(30), grouped_expert_mlp(x, ids, counts, weights[1]))
+            calls = [routed_request(6 + i, [0, 3, 5], layer=1, seed=i) for i in range(4)]
+            futs = [t.forward(req) for req in calls]  # all in flight at once
+            for req, fut in zip(calls, futs):
+                torch.testing.assert_close(fut.result(30), expected(req, weights[1]))
             stream = t._stream
-            x, ids, counts = calls[0]
-            with pytest.raises(ExpertServerError, match="layer 9") as e:
-                t.forward(9, x, ids, counts).result(30)
+            with pytest.raises(MeshError, match="layer: 9") as e:
+                t.forward(routed_request(6, [0, 3, 5], layer=9)).result(30)
             assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.server_id == "s0"
-            torch.testing.assert_close(t.forward(1, x, ids, counts).result(30), grouped_expert_mlp(x, ids, counts, weights[1]))
+            torch.testing.assert_close(t.forward(calls[0]).result(30), expected(calls[0], weights[1]))
             assert t._stream is stream  # the same stream went on
         finally:
             t.close()
@@ -47,14 +44,14 @@ def test_a_call_past_its_deadline_fails_and_the_next_opens_a_new_stream(moe_dir,
         real = srv.shard.forward
         srv.shard.forward = lambda *a: (time.sleep(1.5), real(*a))[1]
         try:
-            x, ids, counts = routed_rows(5, [2])
-            with pytest.raises(ExpertServerError, match="DEADLINE_EXCEEDED") as e:
-                t.forward(0, x, ids, counts).result(30)
+            req = routed_request(5, [2])
+            with pytest.raises(MeshError, match="no answer within") as e:
+                t.forward(req).result(30)
             assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
             first = t._stream
             srv.shard.forward = real
             time.sleep(1.5)  # the slow call ends on the server
-            torch.testing.assert_close(t.forward(0, x, ids, counts).result(30), grouped_expert_mlp(x, ids, counts, weights[0]))
+            torch.testing.assert_close(t.forward(req).result(30), expected(req, weights[0]))
             assert t._stream is not first
         finally:
             t.close()
@@ -64,11 +61,11 @@ def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop)
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         t = transport_to(srv)
         try:
-            x, ids, counts = routed_rows(5, [2])
-            t.forward(0, x, ids, counts).result(30)
+            req = routed_request(5, [2])
+            t.forward(req).result(30)
             loop.run(srv.mesh.stop(0), 30)
-            with pytest.raises(ExpertServerError) as e:
-                t.forward(0, x, ids, counts).result(30)
+            with pytest.raises(MeshError) as e:
+                t.forward(req).result(30)
             assert e.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         finally:
             t.close()
@@ -80,12 +77,11 @@ def test_close_fails_the_waiting_calls_with_cancelled_and_stops_the_stream(moe_d
         real = srv.shard.forward
         srv.shard.forward = lambda *a: (time.sleep(1.0), real(*a))[1]
         try:
-            x, ids, counts = routed_rows(5, [2])
-            fut = t.forward(0, x, ids, counts)
+            fut = t.forward(routed_request(5, [2]))
             stream = t._stream
             time.sleep(0.2)  # the call is on the server now
             t.close()
-            with pytest.raises(ExpertServerError, match="CANCELLED") as e:
+            with pytest.raises(MeshError, match="transport closed") as e:
                 fut.result(30)
             assert e.value.code == grpc.StatusCode.CANCELLED
             assert stream.broken is not None and stream.broken.code == grpc.StatusCode.CANCELLED

@@ -1,7 +1,9 @@
-"""Every token routed to every expert held (top-k == E, nothing dropped): the MoE layer is one dense
-SwiGLU MLP over the experts' intermediates side by side, with the gate weights folded in before the
-down projection:  y[t] = sum_e w[t, e] * down_e(act(gate_up_e x[t]))
-                       = down_cat @ (w[t, :, None] * act(gate_up_cat x[t]).view(E, I)).flatten().
+"""One layer's experts laid side by side, for a call that routes every token to every expert held
+(top-k == E, nothing dropped): the layer is then one dense SwiGLU MLP over the experts' intermediates,
+with the gate weights folded in before the down projection:
+    y[t] = sum_e w[t, e] * down_e(act(gate_up_e x[t]))
+         = down_cat @ (w[t, :, None] * act(gate_up_cat x[t]).view(E, I)).flatten().
+`LayerExperts` holds this layout next to (and over the same storage as) the per-expert one.
 
 Shape legend: T tokens, E experts, H hidden, I intermediate.
 """
