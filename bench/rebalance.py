@@ -290,7 +290,7 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
           f"loaded{', ' + resp.reason if resp.reason else ''})")
     print(f"server shares of the load: before {server_shares(before_st)}; after {server_shares(after_st)}")
     print(f"cost model: predicted step {resp.step_ms_before:.1f} ms -> {resp.step_ms_after:.1f} ms, gain {resp.predicted_gain:.2f}x "
-          f"({'calibrated' if resp.calibrated else 'priors only'}); switch {resp.bytes_to_load / 1e6:.0f} MB, predicted "
+          f"({'calibrated' if resp.calibrated else 'priors only'}{', bound by a CPU budget' if resp.budget_bound else ''}); switch {resp.bytes_to_load / 1e6:.0f} MB, predicted "
           f"{resp.switch_seconds:.2f} s of loading")
     print(f"gain: predicted {resp.predicted_gain:.2f}x, measured {measured:.2f}x tokens/s; TPOT p99 {after.tpot_p99_ms / before.tpot_p99_ms:.2f}x "
           f"of before; during the switch {during.tokens_per_s / before.tokens_per_s:.2f}x of before's tokens/s")

@@ -128,6 +128,7 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         if plan.prediction is not None:
             p = plan.prediction
             resp.predicted_gain, resp.step_ms_before, resp.step_ms_after = p.gain, 1e3 * p.step_s_before, 1e3 * p.step_s_after
+            resp.budget_bound = p.budget_bound
         if plan.switch is not None:
             resp.bytes_to_load, resp.switch_seconds = plan.switch.bytes, plan.switch.seconds
         return resp
@@ -145,7 +146,7 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         knobs = view.knobs.updated(top_k, cf, layer) if request.dry_run else view.knobs
         return control_pb2.SetKnobsResponse(
             placement_version=view.placement.version, knobs=knobs_to_proto(knobs), predicted_gain=p.gain,
-            step_ms_before=1e3 * p.step_s_before, step_ms_after=1e3 * p.step_s_after, dry_run=request.dry_run,
+            step_ms_before=1e3 * p.step_s_before, step_ms_after=1e3 * p.step_s_after, dry_run=request.dry_run, budget_bound=p.budget_bound,
         )
 
     async def ReportFailure(self, request, context):

@@ -138,7 +138,8 @@ def render(command: str, resp) -> str:
         lines = [head, f"balancedness {resp.balancedness_before:.3f} -> {resp.balancedness_after:.3f}, "
                        f"{resp.moves} expert copies {'to load' if resp.dry_run or not resp.switched else 'loaded'}"]
         if resp.predicted_gain:
-            lines.append(f"predicted step {resp.step_ms_before:.2f} ms -> {resp.step_ms_after:.2f} ms ({resp.predicted_gain:.3f}x), "
+            bound = ", bound by a server's CPU budget" if resp.budget_bound else ""
+            lines.append(f"predicted step {resp.step_ms_before:.2f} ms -> {resp.step_ms_after:.2f} ms ({resp.predicted_gain:.3f}x{bound}), "
                          f"switch cost {resp.bytes_to_load / 1e6:.1f} MB, {resp.switch_seconds:.2f} s of loading "
                          f"({'calibrated from the expert servers' if resp.calibrated else 'priors: no server reports yet'})")
         return "\n".join(lines)
@@ -146,7 +147,8 @@ def render(command: str, resp) -> str:
         verb = "would carry" if resp.dry_run else "carries"
         line = f"placement v{resp.placement_version} {verb} knobs: {knobs_from_proto(resp.knobs).describe()}"
         if resp.predicted_gain:
-            line += f"\npredicted step {resp.step_ms_before:.2f} ms -> {resp.step_ms_after:.2f} ms ({resp.predicted_gain:.3f}x)"
+            bound = ", bound by a server's CPU budget" if resp.budget_bound else ""
+            line += f"\npredicted step {resp.step_ms_before:.2f} ms -> {resp.step_ms_after:.2f} ms ({resp.predicted_gain:.3f}x{bound})"
         return line
     if command == "undrain":
         return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'placed on it again' if resp.placing else 'not placed (nothing to place, or no placement yet)'}"
