@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import grpc
@@ -39,6 +42,16 @@ from moemesh.errors import MeshError, invalid
 from moemesh.telemetry import ServiceMetrics
 
 log = logging.getLogger(__name__)
+PLANNER_NICENESS = 10  # how much lower the solver thread's CPU priority is
+
+
+def lower_priority() -> None:
+    """Lower this thread's CPU priority by PLANNER_NICENESS (Linux: niceness is per thread)."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + PLANNER_NICENESS))
+    except (AttributeError, OSError):  # no per-thread priority here: the solver runs at the normal one
+        pass
 
 
 class ControlPlane:
@@ -75,6 +88,8 @@ class ControlPlane:
             cfg.release_timeout_s,
             self._loaded,
         )
+        # the solver's thread, at a lower CPU priority: on a shared machine a plan takes idle CPU, not serving's
+        self._planning = ThreadPoolExecutor(1, thread_name_prefix="planner", initializer=lower_priority)
         self._initial: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # placement changes running in the background
         self.moving: set[str] = set()  # draining servers whose experts are being moved away
@@ -168,13 +183,13 @@ class ControlPlane:
     async def rebalance(self, force: bool = False, prior: int = 1, dry_run: bool = False) -> RebalancePlan:
         """Solve for the window load (+ `prior` tokens per expert, so an idle mesh still spreads),
         price the candidates and switch when the plan says so (never for a dry run). Returns the
-        plan (`placement` None: nothing planned). The solver runs off the event loop; when the
-        placement changed meanwhile it plans again under the switch lock. MeshError
+        plan (`placement` None: nothing planned). The solver runs off the event loop, on a thread of
+        lower CPU priority; when the placement changed meanwhile it plans again under the switch lock. MeshError
         FAILED_PRECONDITION before the first placement or when the servers cannot hold the experts,
         ABORTED when the switch cannot be prepared."""
         view = self.board.current
         start = asyncio.get_running_loop().time()
-        plan = await asyncio.to_thread(self._planner(view, force, prior))
+        plan = await asyncio.get_running_loop().run_in_executor(self._planning, self._planner(view, force, prior))
         log.info("planned a rebalance in %.2fs: %s", asyncio.get_running_loop().time() - start,
                  "switch" if plan.placement is not None else plan.reason)
         if dry_run or plan.placement is None:
@@ -351,6 +366,10 @@ class ControlPlane:
                 log.error("%s failed: %s", what, t.exception())
 
         task.add_done_callback(finished)
+
+    def close(self) -> None:
+        """Stop the solver's thread (a plan in progress finishes first)."""
+        self._planning.shutdown(wait=False, cancel_futures=True)
 
     # ---- loops -------------------------------------------------------------------------------
     async def reap_forever(self) -> None:

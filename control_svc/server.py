@@ -52,6 +52,7 @@ class ControlServer:
             task.cancel()
         await self.mesh.shutdown(grace_s)
         await self.ops.close()
+        self.plane.close()
 
 
 def expert_shape(model: ModelConfig) -> ExpertShape:
