@@ -26,8 +26,13 @@ def progress(message: str) -> None:
 def run(ns: argparse.Namespace) -> int:
     import grpc
 
+    from moemesh.cli.checks import check_at_least, check_model_dir
     from moemesh.launcher.mesh import Mesh, MeshFailed, MeshSpec
 
+    check_at_least("--max-new-tokens", ns.max_new_tokens, 1)
+    check_at_least("--expert-servers", ns.expert_servers, 1)
+    if ns.model is not None:
+        check_model_dir("--model", ns.model)
     model = ns.model
     if model is None:
         from moemesh.demo_model import ensure_demo_model

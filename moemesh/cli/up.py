@@ -4,7 +4,6 @@ and the rest keep serving (exit 1 at the end)."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -51,13 +50,18 @@ def register(subparsers) -> None:
 
 
 def mesh_spec(ns: argparse.Namespace, port: int = 0, http_port: int | None = None):
+    """The mesh the flags describe; ValueError naming the flag when one is bad."""
+    from moemesh.cli.checks import check_at_least, check_model_dir, check_timeout
     from moemesh.launcher.mesh import MeshSpec
 
+    check_at_least("--attention-threads", ns.attention_threads, 0)
+    check_timeout("--start-timeout", ns.start_timeout)
     model = ns.model
     if model is None:
         from moemesh.demo_model import ensure_demo_model
 
         model = str(ensure_demo_model())
+    check_model_dir("--model", model)
     return MeshSpec(
         model_dir=model, expert_servers=ns.expert_servers, attention_replicas=ns.attention_replicas,
         experts_dtype=ns.experts_dtype, transport=ns.transport, port=port,
@@ -76,11 +80,8 @@ def security_fields(ns: argparse.Namespace) -> dict:
 def run(ns: argparse.Namespace) -> int:
     from moemesh.launcher.mesh import Mesh, MeshFailed
 
-    try:
-        mesh = Mesh(mesh_spec(ns, ns.port, ns.http_port), ns.log_dir)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"moemesh up: error: {e}", file=sys.stderr)
-        return 2
+    # a bad flag: one line naming it from moemesh.cli.main, status 2
+    mesh = Mesh(mesh_spec(ns, ns.port, ns.http_port), ns.log_dir)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

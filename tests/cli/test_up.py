@@ -156,8 +156,8 @@ def test_a_killed_expert_server_is_restarted_and_gets_experts_again(tiny_model_d
 
 
 def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
-    for flags, message in ((["--expert-servers", "0"], "expert_servers must be >= 1"),
-                           (["--expert-cpu-quota", "-1"], "expert_cpu_quota must be a number of CPUs > 0")):
+    for flags, message in ((["--expert-servers", "0"], "--expert-servers must be >= 1"),
+                           (["--expert-cpu-quota", "-1"], "--expert-cpu-quota must be a number of CPUs > 0")):
         out = subprocess.run([sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(tiny_model_dir), *flags],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2
