@@ -205,6 +205,21 @@ def server_shares(st) -> str:
     return " ".join(f"{s.server.server_id}={s.window_tokens / total:.2f}" for s in st.servers)
 
 
+def window_work(st) -> str:
+    """Each expert server's work over its load window, per second: calls, rows, CPU (of its limit),
+    computing, in service."""
+    out = []
+    for s in st.servers:
+        w = s.window_work
+        if w.seconds <= 0:
+            continue
+        limit = f"/{w.cpu_limit:g}" if w.cpu_limit else ""
+        out.append(f"{s.server.server_id}: {w.requests / w.seconds:.0f} calls/s, {w.rows / w.seconds:.0f} rows/s, "
+                   f"cpu {w.cpu_seconds / w.seconds:.2f}{limit}, computing {w.busy_seconds / w.seconds:.2f}, "
+                   f"in service {w.service_seconds / w.seconds:.2f}")
+    return "; ".join(out)
+
+
 def wait_adopted(ctl, version: int) -> None:
     """Until the attention replica runs `version` and no switch is in flight."""
     while True:
@@ -260,7 +275,8 @@ def run(ns: argparse.Namespace, model: str, log_dir: Path, budgets: CpuBudgets |
                 wait_adopted(ctl, knobs.placement_version)
                 t0 = time.monotonic()
                 time.sleep(ns.phase_s)
-                knob_phases.append((k, knobs.predicted_gain, Phase.measure(f"top-k {k}", streams, t0, time.monotonic())))
+                phase = Phase.measure(f"top-k {k}", streams, t0, time.monotonic())
+                knob_phases.append((k, knobs.predicted_gain, phase, ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)))
         streams.stop()
         return {
             "phases": (before, during, after), "rebalance": resp, "knob_phases": knob_phases, "failed": list(streams.failed),
@@ -296,17 +312,21 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
           f"of before; during the switch {during.tokens_per_s / before.tokens_per_s:.2f}x of before's tokens/s")
     print(f"expert servers' compute time per second: before {busy(start_st, before_st, span_before)}; "
           f"after {busy(switched_st, after_st, span_after)}")
+    print(f"expert servers' window work per second, before: {window_work(before_st)}")
+    print(f"  after: {window_work(after_st)}")
     knobs = []
     previous = after
-    for k, predicted, phase in out["knob_phases"]:
+    for k, predicted, phase, _ in out["knob_phases"]:
         gain = phase.tokens_per_s / previous.tokens_per_s if previous.tokens_per_s else float("nan")
         knobs.append({"top_k": k, **phase.figures(), "predicted_gain": round(predicted, 3), "measured_gain": round(gain, 3)})
         previous = phase
     if knobs:
         print("live top-k switch (each against the phase before it):")
         print(f"{'phase':<10} {'seconds':>7} {'tokens/s':>10} {'tpot p50':>9} {'tpot p99':>9} {'completed':>9} {'predicted':>9} {'measured':>9}")
-        for entry, (_, _, phase) in zip(knobs, out["knob_phases"]):
+        for entry, (_, _, phase, _) in zip(knobs, out["knob_phases"]):
             print(f"{phase.row()} {entry['predicted_gain']:8.2f}x {entry['measured_gain']:8.2f}x")
+        for k, _, _, st in out["knob_phases"]:
+            print(f"  window work per second at top-k {k}: {window_work(st)}")
     failed = out["failed"]
     print(f"requests failed: {len(failed)}" + (f" ({failed[:3]})" if failed else ""))
     return {

@@ -34,6 +34,7 @@ def status_message(st: ControlStatus):
             msg.queue_depth = s.stats.queue_depth
             msg.busy_seconds = s.stats.busy_seconds
             msg.gpu.CopyFrom(s.stats.gpu)
+            msg.window_work.CopyFrom(s.stats.window_work)
         servers.append(msg)
     return control_pb2.StatusResponse(
         placement_version=st.placement.version, balancedness=st.balancedness, window_tokens=st.window_tokens,
