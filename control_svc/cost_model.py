@@ -11,11 +11,16 @@ Rows per step of each (layer, expert) are the window load over the steps in the 
 of an expert share its rows evenly (as the attention replicas split them); a copy getting r rows a
 step computes with probability 1 - e^-r and a server is called with probability 1 - e^-(its rows)
 (rows arrive as a Poisson stream). The rest of a step (attention, sampling, the router) is the
-measured step time less T(current placement): `other_s`. That is the step's latency; its other
+measured step time less T(current placement), or less the CPU budgets' bound below when that is
+longer (a server waiting out its CPU quota stalls the step; the rest of the step is what the
+budget does not explain): `other_s`. That is the step's latency; its other
 bound is the servers' CPU budgets: a server limited to c CPUs (`cpu_limit`, its cgroup quota or
 pinned cores) that needs D CPU seconds a step cannot run a step in less than D / c. D is measured
 for the current placement (the process's CPU seconds over the window, per step) and scaled by the
-server's modelled time a step under another. A placement's step time is the larger of the two,
+server's modelled CPU a step under another against now: CPU seconds per call, per expert computed
+and per row (`StepCosts.cpu_cost`, fitted to every server's CPU seconds; a call's fixed CPU, from
+decoding the request to encoding the answer, counts once per layer a server is called, so spreading
+hot experts also spreads calls). A placement's step time is the larger of the two,
 and its predicted gain over the current one is step(current) / step(new). When the mesh idled
 during the window the measured step time is too long, which only makes the predicted gain smaller.
 
@@ -25,7 +30,8 @@ seconds with a call in service. Compute seconds are fitted as expert_s x experts
 all servers (least squares, pulled towards the priors so that little traffic cannot set them
 alone); each server's costs are then scaled by its own measured / fitted compute time (a server on a
 smaller CPU budget is slower), and its call_s is its in-service seconds not spent computing, per
-call. Steps in the window: the most calls one server got over the number of MoE layers (a server
+call. CPU seconds are fitted the same way as call_s x calls + expert_s x experts + row_s x rows,
+one fit for all servers (a budget limits the rate of a server's CPU, not what its work costs). Steps in the window: the most calls one server got over the number of MoE layers (a server
 holding warm experts is called at every layer of every step); the measured step time is that
 server's window over them. Without reports the priors stand (`CostPriors`, from the model's
 shape), and a step is taken to carry one token.
@@ -129,20 +135,22 @@ class StepCosts:
     calibrated: bool = False  # from server reports, not priors alone
     cpu_per_step: Mapping[str, float] = field(default_factory=dict)  # CPU seconds each server used per step
     cpu_limit: Mapping[str, float] = field(default_factory=dict)  # CPUs each limited server may use
+    cpu_cost: ServerCost | None = None  # CPU seconds per call, expert computed, row (None: as the server's time)
 
     def server(self, server_id: str) -> ServerCost:
         return self.servers.get(server_id, self.default)
 
 
-def _fit(samples: Sequence[WorkSample], prior: ServerCost) -> tuple[float, float]:
-    """(expert_s, row_s): busy = expert_s x expert_calls + row_s x rows, least squares over the
-    samples as multiples of the priors, pulled towards 1 with PRIOR_WEIGHT, each at least 5%."""
-    x = torch.tensor([[s.expert_calls * prior.expert_s, s.rows * prior.row_s] for s in samples], dtype=torch.float64)  # [S, 2]
-    y = torch.tensor([s.busy_s for s in samples], dtype=torch.float64)  # [S]
-    reg = PRIOR_WEIGHT * float((x * x).sum()) / 2 + 1e-30
-    m = torch.linalg.solve(x.T @ x + reg * torch.eye(2, dtype=torch.float64), x.T @ y + reg * torch.ones(2, dtype=torch.float64))
-    m = m.clamp_min(0.05)
-    return float(m[0]) * prior.expert_s, float(m[1]) * prior.row_s
+def _fit(x_rows: Sequence[Sequence[float]], y_values: Sequence[float], prior: Sequence[float]) -> list[float]:
+    """Coefficients m with y = sum_j m_j x_j, least squares as multiples of the `prior`
+    coefficients, pulled towards 1 with PRIOR_WEIGHT, each at least 5% of its prior."""
+    p = torch.tensor(prior, dtype=torch.float64)  # [J]
+    x = torch.tensor(x_rows, dtype=torch.float64) * p  # [S, J]
+    y = torch.tensor(y_values, dtype=torch.float64)  # [S]
+    j = x.shape[1]
+    reg = PRIOR_WEIGHT * float((x * x).sum()) / j + 1e-30
+    m = torch.linalg.solve(x.T @ x + reg * torch.eye(j, dtype=torch.float64), x.T @ y + reg * torch.ones(j, dtype=torch.float64))
+    return (m.clamp_min(0.05) * p).tolist()
 
 
 def calibrate(
@@ -154,7 +162,8 @@ def calibrate(
     seen = {sid: w for sid, w in work.items() if w.requests >= min_requests and w.busy_s > 0 and w.seconds > 0}
     if not seen:
         return base
-    expert_s, row_s = _fit(list(seen.values()), base.default)
+    expert_s, row_s = _fit([[w.expert_calls, w.rows] for w in seen.values()], [w.busy_s for w in seen.values()],
+                           [base.default.expert_s, base.default.row_s])
     fitted = ServerCost(base.default.call_s, expert_s, row_s)
     servers = {}
     for sid, w in seen.items():
@@ -167,8 +176,14 @@ def calibrate(
     steps = busiest.requests / max(1, num_layers)
     cpu = {sid: w.cpu_s / steps for sid, w in seen.items() if w.cpu_s > 0}
     limits = {sid: w.cpu_limit for sid, w in work.items() if w.cpu_limit > 0}
+    used = [w for w in seen.values() if w.cpu_s > 0]
+    cpu_cost = None
+    if used:  # the same work costs the same CPU on every server (a budget limits its rate, not its cost)
+        prior = base.default
+        cpu_cost = ServerCost(*_fit([[w.requests, w.expert_calls, w.rows] for w in used], [w.cpu_s for w in used],
+                                    [prior.call_s, prior.expert_s, prior.row_s]))
     return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True,
-                   cpu_per_step=cpu, cpu_limit=limits)
+                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost)
 
 
 # ---- step time of a placement -------------------------------------------------------------------
@@ -183,10 +198,11 @@ def rows_per_step(load, costs: StepCosts, top_k: int) -> torch.Tensor:
 
 
 def _expert_times(rows, placement: Placement, layers: Sequence[int], costs: StepCosts) -> tuple[float, dict[str, float]]:
-    """(T(placement), each server's modelled seconds a step): `rows` [L, E] per step."""
+    """(T(placement), each server's modelled CPU seconds a step): `rows` [L, E] per step. A server's
+    CPU is priced with `costs.cpu_cost` (without it, as its time)."""
     r = torch.as_tensor(rows, dtype=torch.float64)
     total = 0.0
-    per_server_step: dict[str, float] = {}
+    cpu_per_step: dict[str, float] = {}
     for i, layer in enumerate(layers):
         per_server: dict[str, list[float]] = {}  # server -> [rows, experts computed]
         for e, holders in enumerate(placement.replicas[layer]):
@@ -202,10 +218,12 @@ def _expert_times(rows, placement: Placement, layers: Sequence[int], costs: Step
             p = -math.expm1(-n)
             called += p
             t = p * c.call_s + g * c.expert_s + n * (c.row_s + costs.row_bytes / costs.link_bytes_s)
-            per_server_step[s] = per_server_step.get(s, 0.0) + t
+            u = costs.cpu_cost
+            cpu = t if u is None else p * u.call_s + g * u.expert_s + n * u.row_s
+            cpu_per_step[s] = cpu_per_step.get(s, 0.0) + cpu
             slowest = max(slowest, t)
         total += slowest + costs.fanout_s * called
-    return total, per_server_step
+    return total, cpu_per_step
 
 
 def expert_seconds(rows, placement: Placement, layers: Sequence[int], costs: StepCosts) -> float:
@@ -228,12 +246,12 @@ class Prediction:
         return self.step_s_before / self.step_s_after if self.step_s_after > 0 else 1.0
 
 
-def _budget_step(times: dict[str, float], current: dict[str, float], costs: StepCosts) -> float:
+def _budget_step(modelled: dict[str, float], current: dict[str, float], costs: StepCosts) -> float:
     """The shortest step the CPU-limited servers allow: each server's CPU a step (measured now,
-    scaled by its modelled time under the placement against now) over its CPUs."""
+    scaled by its modelled CPU a step under the placement against now) over its CPUs."""
     bound = 0.0
     for s, limit in costs.cpu_limit.items():
-        t = times.get(s, 0.0)
+        t = modelled.get(s, 0.0)
         cpu = costs.cpu_per_step.get(s)
         if cpu is None or t <= 0:
             continue
@@ -248,9 +266,11 @@ def predict(rows_before, placement_before: Placement, rows_after, placement_afte
     of its latency and the bound of the servers' CPU budgets (module docstring)."""
     before, before_per_server = _expert_times(rows_before, placement_before, layers, costs)
     after, after_per_server = _expert_times(rows_after, placement_after, layers, costs)
-    other = max(0.0, costs.step_s - before) if costs.step_s else 0.0
     budget_before = _budget_step(before_per_server, before_per_server, costs)
     budget_after = _budget_step(after_per_server, before_per_server, costs)
+    # the rest of the step: what neither the expert calls' latency nor a CPU budget explains (a
+    # budget that explains the whole measured step hides the rest: then it counts as nothing)
+    other = max(0.0, costs.step_s - max(before, budget_before)) if costs.step_s else 0.0
     return Prediction(max(other + before, budget_before), max(other + after, budget_after), other, budget_after > other + after)
 
 

@@ -1,6 +1,7 @@
 """The cost model and the rebalance policy as pure functions: calibration from the servers' window
 work, the step time of a placement, the switch's cost, and which placements are committed."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -95,7 +96,10 @@ def test_a_servers_cpu_budget_bounds_the_step():
     spread = Placement(2, {0: (("a",), ("b",))})
     rows = torch.tensor([[2.0, 2.0]])
     p = predict(rows, hot, rows, spread, [0], costs)  # a's share halves: its CPU too, 5 s a step
-    assert (p.step_s_before, p.step_s_after, p.budget_bound) == pytest.approx((10.0, 8.0, False))
+    # the budget explains the whole measured step (a waited out its quota): nothing else is left
+    assert (p.step_s_before, p.step_s_after, p.other_s, p.budget_bound) == pytest.approx((10.0, 5.0, 0.0, True))
+    longer = predict(rows, hot, rows, spread, [0], replace(costs, step_s=14.0))  # 4 s of the step are not the budget's
+    assert (longer.other_s, longer.step_s_after, longer.budget_bound) == pytest.approx((4.0, 6.0, False))
     more = predict(rows, hot, rows * 3, hot, [0], costs)  # three times the rows on a: 60 s of CPU, 30 s a step
     assert (more.step_s_after, more.budget_bound) == (pytest.approx(30.0), True)
     assert more.gain == pytest.approx(1 / 3)
@@ -175,3 +179,28 @@ def test_the_cost_model_chooses_between_moving_and_replicating():
     plan = plan_rebalance(skewed(), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), cost=cost)
     assert plan.placement is not None
     assert all(sum(len(c) for c in plan.placement.replicas[l]) == 8 for l in LAYERS)
+
+
+def test_the_cpu_fit_counts_each_call_so_spreading_spreads_calls_too():
+    # every server pays 1 ms of CPU a call and 40 us a row, and may use 0.1 CPUs; one MoE layer, 10 s:
+    # the hot server "a" is called at every step (400) with 37.5 rows and uses its whole budget, the
+    # cold ones at some steps with a row or two
+    def used(requests, rows, expert_calls):
+        cpu = 1e-3 * requests + 40e-6 * rows
+        return WorkSample(10.0, requests, expert_calls, rows, busy_s=0.5 * cpu, service_s=cpu, cpu_s=cpu, cpu_limit=0.1)
+
+    work = {"a": used(400, 15000, 800), "b": used(250, 300, 250), "c": used(240, 280, 240), "d": used(200, 220, 200)}
+    costs = calibrate(work, SHAPE, num_layers=1)
+    u = costs.cpu_cost  # rows and experts computed go together here: the fit may split their cost, not the calls'
+    assert u.call_s == pytest.approx(1e-3, rel=0.05)
+    for w in work.values():
+        assert u.call_s * w.requests + u.expert_s * w.expert_calls + u.row_s * w.rows == pytest.approx(w.cpu_s, rel=0.05)
+    assert (costs.steps, costs.step_s) == pytest.approx((400, 0.025))
+    hot = Placement(1, {0: (("a",), ("a",), ("b",), ("c",))})
+    spread = Placement(2, {0: (("a",), ("b",), ("c",), ("d",))})
+    rows = torch.tensor([[20.0, 17.5, 0.75, 0.6]])  # per step
+    p = predict(rows, hot, rows, spread, [0], costs)
+    # now a's 2.5 ms of CPU a step over 0.1 CPUs bound the step to 25 ms; spread, a and b each pay
+    # a call and about 20 rows: about 1.8 ms and 1.9 ms, so about 19 ms a step
+    assert p.budget_bound and p.step_s_before == pytest.approx(0.025, rel=0.01)
+    assert p.step_s_after == pytest.approx(0.019, rel=0.1)
