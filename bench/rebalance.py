@@ -1,7 +1,7 @@
 """Rebalancing that pays, measured side by side in one run, and a live top-k switch.
 
     python bench/rebalance.py [--shape qwen3-sparse-skew] [--model DIR] [--expert-servers 4]
-        [--expert-cpu-quota 0.25] [--top-k 2] [--redundant-experts 8] [--concurrency 8] [--output-len 32]
+        [--expert-cpu-quota 0.1] [--top-k 2] [--redundant-experts 8] [--concurrency 8] [--output-len 32]
         [--warmup-s 10] [--phase-s 20] [--top-k-phases 8,4,8] [--json]
 
 The mesh (control, expert servers, one attention replica, a router) runs as processes on this
@@ -83,8 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shape", choices=tuple(SHAPES), default="qwen3-sparse-skew", help="named checkpoint (bench/shapes.py)")
     p.add_argument("--model", default=None, help="a checkpoint directory instead of --shape")
     p.add_argument("--expert-servers", type=int, default=4)
-    p.add_argument("--expert-cpu-quota", type=float, default=0.25, metavar="CORES",
-                   help="CPUs each expert server may use (its own cgroup or cores); 0 = no budget")
+    p.add_argument("--expert-cpu-quota", type=float, default=0.1, metavar="CORES",
+                   help="CPUs each expert server may use (its own cgroup or cores); 0 = no budget. The default "
+                        "makes the expert servers, not the attention replica, bound the step on a 2-core machine")
     p.add_argument("--top-k", type=int, default=2, help="routing top-k of the rebalance phases")
     p.add_argument("--redundant-experts", type=int, default=8, help="extra expert copies per layer the rebalance may place")
     p.add_argument("--concurrency", type=int, default=8)

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class ExpertServerOps(Protocol):
     """The calls the control plane makes on expert servers (`GrpcExpertOps`; fakes in tests)."""
 
-    async def load(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
+    async def load(self, server: ServerInfo, experts: LayerExperts, version: int) -> float | None: ...  # seconds spent loading, if known
     async def drop(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
     async def ping(self, server: ServerInfo, timeout_s: float) -> None: ...
     async def forget(self, server_id: str) -> None: ...
@@ -109,8 +109,9 @@ class PlacementSwitch:
         async def timed(server: ServerInfo, experts: LayerExperts) -> None:
             loop = asyncio.get_running_loop()
             start = loop.time()
-            await self.ops.load(server, experts, version)
-            self.on_loaded(sum(len(es) for es in experts.values()), loop.time() - start)
+            reported = await self.ops.load(server, experts, version)
+            # the server's own loading seconds leave out the pauses it takes to spare its calls
+            self.on_loaded(sum(len(es) for es in experts.values()), reported or loop.time() - start)
 
         calls = [timed(known[s], experts) for s, experts in to_load.items()]
         start = asyncio.get_running_loop().time()

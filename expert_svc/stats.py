@@ -8,6 +8,7 @@ CPU seconds; and it says how many CPUs the process may use (`cpu_limit`). The co
 calibrates its cost model from these (`control_svc/cost_model.py`)."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -56,12 +57,18 @@ class ShardStats:
         self.cpu_limit = cpu_limit
         self._cpu_clock = cpu_clock
         self._cpu_seen = cpu_clock()  # process CPU time already added to the window
+        self._last_call = -math.inf  # when the last call arrived
+
+    def since_call(self) -> float:
+        """Seconds since the last call arrived (inf before the first)."""
+        return self._clock() - self._last_call
 
     def enter(self) -> None:
         """A call arrived (decode, compute and answer follow)."""
         with self._lock:
+            self._last_call = self._clock()
             if self._in_flight == 0:
-                self._serving_since = self._clock()
+                self._serving_since = self._last_call
             self._in_flight += 1
             n = self._in_flight
         if self.metrics is not None:

@@ -80,7 +80,7 @@ def test_rebalance_defaults_and_rejects(capsys):
 
     ns = rebalance.parse_args([])
     assert (ns.shape, ns.expert_servers, ns.expert_cpu_quota, ns.top_k, ns.top_k_phases, ns.json) == (
-        "qwen3-sparse-skew", 4, 0.25, 2, (8, 4, 8), False)
+        "qwen3-sparse-skew", 4, 0.1, 2, (8, 4, 8), False)
     ns = rebalance.parse_args(["--shape", "demo", "--top-k-phases", "", "--expert-cpu-quota", "0", "--transport", "dist", "--json"])
     assert (ns.shape, ns.top_k_phases, ns.expert_cpu_quota, ns.transport, ns.json) == ("demo", (), 0.0, "dist", True)
     for argv, message in ((["--top-k-phases", "8,0"], "integers >= 1"), (["--phase-s", "0"], "--phase-s > 0"),

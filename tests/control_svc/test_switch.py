@@ -106,4 +106,14 @@ def test_prepare_loads_exactly_the_diff_and_reports_its_rate():
         assert loads == placement_diff(OLD, new).loads == {"c": {0: (0,)}}
         assert [n for n, _ in rates] == [1] and rates[0][1] >= 0
 
+        async def reporting(server, experts, version):  # a server that says how long it spent loading
+            ops.log.append(("load", server.server_id, experts, board.version))
+            await asyncio.sleep(0.2)  # a pause between its layers: not loading time
+            return 0.01
+
+        ops.load = reporting
+        rates.clear()
+        await sw.switch(Placement(3, {0: (("a", "c"), ("b", "c"), ("a", "b"))}))
+        assert rates == [(1, 0.01)]
+
     asyncio.run(main())
