@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,6 +222,20 @@ def window_work(st) -> str:
     return "; ".join(out)
 
 
+def rebalance_watching(ctl, version: int):
+    """Rebalance (which returns once the old copies are dropped), watching meanwhile for the moment
+    every attention replica runs a version after `version`: (the answer, that moment or None)."""
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(ctl.Rebalance, control_pb2.RebalanceRequest(), timeout=600)
+        adopted = None
+        while not call.done():
+            st = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
+            if adopted is None and st.replicas and all(r.adopted_version > version for r in st.replicas):
+                adopted = time.monotonic()
+            time.sleep(0.05)
+        return call.result(), adopted
+
+
 def wait_adopted(ctl, version: int) -> None:
     """Until the attention replica runs `version` and no switch is in flight."""
     while True:
@@ -261,15 +276,17 @@ def run(ns: argparse.Namespace, model: str, log_dir: Path, budgets: CpuBudgets |
             time.sleep(ns.phase_s)
             before_st = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
             t_switch = time.monotonic()
-            resp = ctl.Rebalance(control_pb2.RebalanceRequest(), timeout=600)
+            resp, t_adopted = rebalance_watching(ctl, before_st.placement_version)
             wait_adopted(ctl, resp.placement_version)
             t_switched = time.monotonic()
+            t_adopted = t_adopted or t_switched
             switched_st = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
             time.sleep(ns.phase_s)
             t_end = time.monotonic()
             after_st = ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)
             before, after = Phase.measure("before", streams, t_start, t_switch), Phase.measure("after", streams, t_switched, t_end)
             during = Phase.measure("during", streams, t_switch, t_switched)
+            parts = (Phase.measure("  to adopt", streams, t_switch, t_adopted), Phase.measure("  release", streams, t_adopted, t_switched))
             knob_phases = []
             for k in ns.top_k_phases:
                 knobs = ctl.SetKnobs(control_pb2.SetKnobsRequest(top_k=k), timeout=300)
@@ -280,7 +297,7 @@ def run(ns: argparse.Namespace, model: str, log_dir: Path, budgets: CpuBudgets |
                 knob_phases.append((k, knobs.predicted_gain, phase, ctl.GetStatus(control_pb2.GetStatusRequest(), timeout=30)))
         streams.stop()
         return {
-            "phases": (before, during, after), "rebalance": resp, "knob_phases": knob_phases, "failed": list(streams.failed),
+            "phases": (before, during, after), "during_parts": parts, "rebalance": resp, "knob_phases": knob_phases, "failed": list(streams.failed),
             "status": (start_st, before_st, switched_st, after_st), "spans": (t_switch - t_start, t_end - t_switched),
         }
     finally:
@@ -300,7 +317,7 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
           f"{ns.transport} transport "
           f"(CPU, {os.cpu_count()} cores, load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
     print(f"{'phase':<10} {'seconds':>7} {'tokens/s':>10} {'tpot p50':>9} {'tpot p99':>9} {'completed':>9}   (tpot in ms)")
-    for phase in (before, during, after):
+    for phase in (before, during, *out["during_parts"], after):
         print(phase.row())
     print(f"balancedness (window load, mean/max server load): {before_st.balancedness:.3f} on v{before_st.placement_version} -> "
           f"{after_st.balancedness:.3f} on v{after_st.placement_version} (switched={resp.switched}, {resp.moves} expert copies "
@@ -332,6 +349,7 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
     print(f"requests failed: {len(failed)}" + (f" ({failed[:3]})" if failed else ""))
     return {
         "before": before.figures(), "during": during.figures(), "after": after.figures(), "failed": len(failed),
+        "during_to_adopt": out["during_parts"][0].figures(), "during_release": out["during_parts"][1].figures(),
         "balancedness_before": round(before_st.balancedness, 4), "balancedness_after": round(after_st.balancedness, 4),
         "predicted_gain": round(resp.predicted_gain, 3), "measured_gain": round(measured, 3), "switched": resp.switched,
         "moves": resp.moves, "bytes_to_load": resp.bytes_to_load, "top_k_switch": knobs,

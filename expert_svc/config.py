@@ -35,7 +35,7 @@ class ExpertServerConfig:
         "help": "with compute_threads 1, a gRPC call whose rows x hidden is at most this (decode-sized) "
                 "is computed on the event loop, saving two thread hand-offs; 0 = always on the compute pool"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads for the expert GEMMs (0 = torch's default: every core)"})
-    load_cpu_share: float = field(default=0.2, metadata={
+    load_cpu_share: float = field(default=0.1, metadata={
         "help": "while the server serves calls, loading and dropping experts use at most this share of its CPUs "
                 "(its CPU budget), pausing between layers, so a switch does not starve the calls; 1 = no pauses"})
     load_window_s: float = field(default=60.0, metadata={"help": "sliding window of the per-expert token counts reported to the control plane"})

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LoadPacer:
     cpus: float  # CPUs the server may use (its budget, else its cores)
-    share: float = 0.2  # of them, what placement changes may use while serving (1: no pauses)
+    share: float = 0.1  # of them, what placement changes may use while serving (1: no pauses)
     idle_s: float = 1.0  # a server without a call for this long is not serving
 
     def __post_init__(self) -> None:
