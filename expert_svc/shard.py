@@ -8,7 +8,9 @@ Each layer's experts live in one `LayerExperts` (E = the experts held, ascending
 layer (`ExpertRequest`): the shard checks it (`check_request`, then the experts it holds), runs it
 and returns its weighted partial sum. `load`/`drop` build the layer's new weights off to the side
 and swap in a new immutable `LayerExperts`, so a call that started on the old set finishes on it: a
-live placement change never disturbs a request in flight.
+live placement change never disturbs a request in flight. Only the experts a `load` adds are read
+from the checkpoint (`experts_read` counts them); the ones held are copied from memory into the new
+layer, and a `drop` reads nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from expert_svc.request_check import check_experts, check_layer, check_request
 from expert_svc.stats import ShardStats
+from kernels import ExpertWeights
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.errors import MeshError
@@ -62,6 +65,7 @@ class ExpertShard:
         self.pack = pack
         self._layers: dict[int, LayerExperts] = {}
         self._mutate = threading.Lock()  # one load/drop at a time; forwards never take it
+        self.experts_read = 0  # (layer, expert) weights read from the checkpoint since start
 
     # ---- placement changes -------------------------------------------------------------------
     def held(self) -> dict[int, tuple[int, ...]]:
@@ -85,7 +89,15 @@ class ExpertShard:
                     f"slot_budget: loading layer {layer} experts {sorted(want - have)} needs {self.slots_used() - len(have) + len(new)} slots, "
                     f"slot_budget is {self.slot_budget}"
                 )
-            self._install(layer, new)
+            added = sorted(want - have)
+            fresh = load_expert_weights(self.reader, self.model, layer, added, self.dtype, self.experts_dtype).to(self.device)
+            self.experts_read += len(added)
+            if current is None:
+                self._install(layer, added, fresh)
+            else:  # held experts then added ones, put in id order
+                combined = list(current.expert_ids) + added
+                order = sorted(range(len(combined)), key=combined.__getitem__)
+                self._install(layer, new, ExpertWeights.concat([current.weights, fresh], torch.tensor(order)))
             return tuple(new)
 
     def drop(self, layer: int, experts: Iterable[int]) -> tuple[int, ...]:
@@ -99,7 +111,8 @@ class ExpertShard:
             if len(keep) == len(current.expert_ids):
                 return current.expert_ids
             if keep:
-                self._install(layer, keep)
+                at = [i for i, e in enumerate(current.expert_ids) if e not in gone]
+                self._install(layer, keep, current.weights.select(torch.tensor(at)))
             else:
                 del self._layers[layer]
             return tuple(keep)
@@ -108,8 +121,8 @@ class ExpertShard:
         for layer in self.model.moe_layers:
             self.load(layer, range(self.model.num_experts))
 
-    def _install(self, layer: int, expert_ids: list[int]) -> None:
-        w = load_expert_weights(self.reader, self.model, layer, expert_ids, self.dtype, self.experts_dtype).to(self.device)
+    def _install(self, layer: int, expert_ids: list[int], w: ExpertWeights) -> None:
+        """Serve `w` (experts `expert_ids`, ascending, on the shard's device) for `layer` from now on."""
         held = LayerExperts.hold(expert_ids, w, self.all_experts_path)
         self._layers[layer] = held.packed() if self.pack else held
 

@@ -20,6 +20,10 @@ def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=("grpc", "dist", "auto"), default="grpc",
                    help="attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)")
     p.add_argument("--attention-threads", type=int, default=0, metavar="N", help="torch threads per attention replica (0 = default)")
+    p.add_argument("--expert-cpu-quota", type=float, default=0.0, metavar="CORES",
+                   help="each expert server gets CORES CPUs of its own, as on separate machines: a cgroup with a CPU quota "
+                        "(cgroup v2 cpu.max or v1 cfs quota, needs write access to /sys/fs/cgroup), else pinned cores; "
+                        "its torch threads match (0 = no budget: every server may use every core)")
     p.add_argument("--start-timeout", type=float, default=600.0, metavar="S", help="how long each service may take to start")
     p.add_argument("--log-dir", default=None, metavar="DIR", help="where the services' logs go (default: a temp dir)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -63,7 +67,7 @@ def mesh_spec(ns: argparse.Namespace, port: int = 0, http_port: int | None = Non
         experts_dtype=ns.experts_dtype, transport=ns.transport, port=port,
         start_timeout_s=ns.start_timeout, attention_threads=ns.attention_threads,
         prefix_cache=ns.prefix_cache, max_num_batched_tokens=ns.max_num_batched_tokens, http_port=http_port,
-        **security_fields(ns),
+        expert_cpu_quota=ns.expert_cpu_quota, **security_fields(ns),
     )
 
 

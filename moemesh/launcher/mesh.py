@@ -8,6 +8,10 @@
                `RestartPolicy` is reported failed while the rest go on serving
     stop:      SIGTERM all (router first, so streams drain), then SIGKILL what is left
 
+CPU budgets: with `MeshSpec.expert_cpu_quota`, each expert server runs under a budget of its own
+(`moemesh.launcher.cpu_budget`: a cgroup with a CPU quota, else pinned cores, else none, said so on
+stderr) with as many torch threads as whole cores fit in it; the cgroups are removed at stop.
+
 The mesh token: the one the environment gives (`MOEMESH_MESH_TOKEN`), else a new random one, is
 written to `mesh-token` in the log directory (mode 0600) and every child gets that file's path
 (`--mesh-token-file`), never the token itself on its command line. `moemesh ctl` takes the same file.
@@ -30,6 +34,7 @@ from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.security import SecurityConfig
 
 from moemesh.launcher.child import Child, stop_all
+from moemesh.launcher.cpu_budget import CpuBudgets, check_cores
 from moemesh.launcher.health import ChildExited, wait_http_ok, wait_serving
 from moemesh.launcher.ports import free_port
 
@@ -54,6 +59,7 @@ class MeshSpec:
     tls_key: str | None = None
     tls_ca: str | None = None
     tls_server_name: str | None = None
+    expert_cpu_quota: float = 0.0  # CPUs each expert server may use (its own cgroup or cores); 0 = no budget
 
     def threads_per_process(self) -> int:
         """torch threads for each expert server and attention replica: every process on this machine
@@ -74,6 +80,8 @@ class MeshSpec:
             raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
         if self.max_num_batched_tokens < 0:
             raise ValueError(f"max_num_batched_tokens must be >= 0 (0 = the replicas' default), got {self.max_num_batched_tokens}")
+        if self.expert_cpu_quota:
+            check_cores(self.expert_cpu_quota, "expert_cpu_quota")
         self.tls()  # validates the certificate files
 
     def tls(self) -> SecurityConfig:
@@ -153,12 +161,13 @@ class Mesh:
             self.env["MOEMESH_API_KEY"] = spec.api_key
         self._argv: dict[str, list[str]] = {}  # child name -> its command line (a restart reuses it, port included)
         self._restarts: dict[str, _Restarts] = {}
+        self.budgets: CpuBudgets | None = None  # the expert servers' CPU budgets (spec.expert_cpu_quota)
 
-    def _spawn(self, name: str, service: str, flags: dict[str, object]) -> str:
+    def _spawn(self, name: str, service: str, flags: dict[str, object], wrap: Callable[[list[str]], list[str]] = list) -> str:
         s = self.spec
         port = flags.pop("port", None) or free_port(s.host)
         address = f"{s.host}:{port}"
-        argv = serve_argv(service, {"host": s.host, "port": port, **flags, **self.security_flags})
+        argv = wrap(serve_argv(service, {"host": s.host, "port": port, **flags, **self.security_flags}))
         child = Child(name, argv, self.log_dir / f"{name}.log", env=self.env)
         self._argv[name] = argv
         self.children.append(child)
@@ -173,20 +182,14 @@ class Mesh:
                 last = child.log_tail(1).strip() or "no output"
                 raise MeshFailed(f"{child.name} did not start ({exc}): {last} (log: {child.log_path})") from exc
 
-    def start(self) -> tuple[str, str]:
-        """Starts every service; returns (router, control) addresses. On failure stops what started."""
+    def start(self, report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> tuple[str, str]:
+        """Starts every service; returns (router, control) addresses. On failure stops what started.
+        `report` gets the CPU budget lines (with `expert_cpu_quota`)."""
         s = self.spec
         try:
             self.control_addr = self._spawn("control", "control", {"model_dir": s.model_dir, "expected_expert_servers": s.expert_servers})
             self._wait([self.control_addr])
-            experts = [
-                self._spawn(f"expert-{i}", "expert", {
-                    "model_dir": s.model_dir, "control_addr": self.control_addr,
-                    "experts_dtype": s.experts_dtype, "transport": "grpc" if s.transport == "grpc" else "auto",
-                    "num_threads": s.threads_per_process(),
-                })
-                for i in range(s.expert_servers)
-            ]
+            experts = [self._spawn_expert(i, report) for i in range(s.expert_servers)]
             self._wait(experts)
             attention = [
                 self._spawn(f"attention-{i}", "attention", {
@@ -209,6 +212,26 @@ class Mesh:
             self.stop()
             raise
         return self.router_addr, self.control_addr
+
+    def _spawn_expert(self, i: int, report: Callable[[str], None]) -> str:
+        s = self.spec
+        name = f"expert-{i}"
+        flags = {
+            "model_dir": s.model_dir, "control_addr": self.control_addr,
+            "experts_dtype": s.experts_dtype, "transport": "grpc" if s.transport == "grpc" else "auto",
+            "num_threads": s.threads_per_process(),
+        }
+        if not s.expert_cpu_quota:
+            return self._spawn(name, "expert", flags)
+        if self.budgets is None:
+            self.budgets = CpuBudgets.detect()
+            report(f"moemesh up: cpu budget per expert server: {self.budgets.describe()}")
+        slot = self.budgets.slot(name, s.expert_cpu_quota)
+        report(f"moemesh up: {slot.describe()}")
+        if self.budgets.mode == "affinity" and self.budgets.shared_cores():
+            report(f"moemesh up: {name} shares its cores with another expert server (more budgets than cores)")
+        flags["num_threads"] = slot.threads or flags["num_threads"]
+        return self._spawn(name, "expert", flags, wrap=slot.wrap)
 
     def _start_gateway(self) -> None:
         """The HTTP gateway in front of the router; waits until its /health answers 200. The API key
@@ -262,5 +285,8 @@ class Mesh:
                 report(f"moemesh up: restarted {child.name} (pid {self.children[i].pid})")
 
     def stop(self) -> None:
-        """Router first (its streams drain), then the rest; no child outlives this call."""
+        """Router first (its streams drain), then the rest; no child outlives this call. Then the
+        CPU budgets' cgroups go."""
         stop_all(list(reversed(self.children)), self.spec.grace_s)
+        if self.budgets is not None:
+            self.budgets.close()

@@ -73,3 +73,18 @@ def test_gateway_vs_router_defaults_and_rejects(capsys):
     with pytest.raises(SystemExit) as e:
         gateway_vs_router.parse_args(["--rounds", "0"])
     assert e.value.code == 2 and "--rounds >= 1" in capsys.readouterr().err
+
+
+def test_rebalance_defaults_and_rejects(capsys):
+    from bench import rebalance
+
+    ns = rebalance.parse_args([])
+    assert (ns.shape, ns.expert_servers, ns.expert_cpu_quota, ns.top_k, ns.top_k_phases, ns.json) == (
+        "qwen3-sparse-skew", 4, 0.1, 2, (8, 4, 8), False)
+    ns = rebalance.parse_args(["--shape", "demo", "--top-k-phases", "", "--expert-cpu-quota", "0", "--transport", "dist", "--json"])
+    assert (ns.shape, ns.top_k_phases, ns.expert_cpu_quota, ns.transport, ns.json) == ("demo", (), 0.0, "dist", True)
+    for argv, message in ((["--top-k-phases", "8,0"], "integers >= 1"), (["--phase-s", "0"], "--phase-s > 0"),
+                          (["--expert-cpu-quota", "-1"], "--expert-cpu-quota"), (["--concurrency", "0"], "--concurrency")):
+        with pytest.raises(SystemExit) as e:
+            rebalance.parse_args(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err

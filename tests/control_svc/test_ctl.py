@@ -40,3 +40,58 @@ def test_unreachable_control_plane_is_a_clear_error(capsys):
 
 def test_table_pads_columns():
     assert table(["A", "LONG"], [[1, 2], [333, 4]]).splitlines() == ["A    LONG", "1    2", "333  4"]
+
+
+def test_rebalance_dry_run_against_a_live_control_plane(moe_dir, loop, capsys, monkeypatch):
+    """A control plane and two expert servers (in this process, over gRPC), load on the first
+    server's experts: `ctl rebalance --dry-run` prints the plan's predicted gain and cost, calibrated
+    from the servers' reports, and switches nothing; `ctl set --top-k 1 --dry-run` likewise."""
+    import json
+    import time
+
+    import torch
+
+    from control_svc.config import ControlConfig
+    from control_svc.server import create_server
+    from moemesh.cli.main import main
+    from moemesh.transport.base import ExpertRequest
+    from tests.expert_svc.fixtures import HIDDEN, running_expert_servers
+    from tests.fixtures.auth import TEST_RPC, TEST_TOKEN
+
+    monkeypatch.setenv("MOEMESH_MESH_TOKEN", TEST_TOKEN)
+    cfg = ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0,
+                        rebalance_min_tokens=10, redundant_experts=2, rpc=TEST_RPC)
+    control, _ = loop.run(create_server(cfg), 30)
+    loop.run(control.start(), 30)
+    try:
+        with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as (hot, cold):
+            loop.run(control.plane.wait_placed(20), 30)
+            deadline = time.monotonic() + 20
+            while not (hot.shard.held() and cold.shard.held()):
+                assert time.monotonic() < deadline, "the initial placement was not loaded"
+                time.sleep(0.05)
+            for srv, rows in ((hot, 24), (cold, 1)):  # the first server's experts get most of the rows
+                for layer, held in srv.shard.held().items():
+                    g = len(held)
+                    req = ExpertRequest(layer, 1, torch.randn(rows, HIDDEN), torch.arange(rows, dtype=torch.int32).repeat(g),
+                                        torch.rand(rows * g), torch.tensor(held, dtype=torch.int64), torch.full((g,), rows, dtype=torch.int64))
+                    for _ in range(30):
+                        srv.shard.forward(req)
+            while control.plane.cost_inputs(control.plane.board.current).costs.calibrated is False or control.plane.load().sum() < 1000:
+                assert time.monotonic() < deadline, "the heartbeats did not carry the load"
+                time.sleep(0.05)
+            capsys.readouterr()
+            assert main(["ctl", "--addr", control.address, "rebalance", "--dry-run"]) == 0
+            text = capsys.readouterr().out
+            assert text.startswith("dry run on placement v1: ")
+            assert "predicted step" in text and "calibrated from the expert servers" in text and "MB" in text
+            assert main(["ctl", "--addr", control.address, "--json", "rebalance", "--dry-run"]) == 0
+            resp = json.loads(capsys.readouterr().out)
+            assert resp["dry_run"] is True and resp["switched"] is False and resp["calibrated"] is True
+            assert resp["predicted_gain"] > 0 and resp["step_ms_before"] > 0 and int(resp["placement_version"]) == 1
+            assert main(["ctl", "--addr", control.address, "set", "--top-k", "1", "--dry-run"]) == 0
+            text = capsys.readouterr().out
+            assert "would carry knobs: top_k=1" in text and "predicted step" in text
+            assert control.plane.board.version == 1 and control.plane.board.current.knobs.top_k is None
+    finally:
+        loop.run(control.shutdown(0.2), 30)

@@ -83,6 +83,36 @@ def test_live_load_and_drop_keep_results_exact(moe_dir):
     assert shard.drop(0, [7]) == () and shard.held() == {}
 
 
+def test_a_load_reads_only_the_experts_it_adds_and_a_drop_reads_none(moe_dir, monkeypatch):
+    import expert_svc.shard as shard_module
+
+    shard = make_shard(moe_dir)
+    read = []
+    real = shard_module.load_expert_weights
+    monkeypatch.setattr(shard_module, "load_expert_weights", lambda r, m, layer, ids, *a: read.append((layer, list(ids))) or real(r, m, layer, ids, *a))
+    shard.load(0, [5, 1])
+    shard.load(0, [3, 1, 7])  # 1 is held: only 3 and 7 are read
+    assert shard.drop(0, [5]) == (1, 3, 7)
+    shard.load(0, [0])
+    assert read == [(0, [1, 5]), (0, [3, 7]), (0, [0])] and shard.experts_read == 5
+    at_once = make_shard(moe_dir)
+    at_once.load(0, [0, 1, 3, 7])
+    for req in (routed_request(16, [7, 0, 3, 1]), routed_request(5, [0, 1, 3, 7], top_k=4)):  # grouped, and every expert side by side
+        torch.testing.assert_close(shard.forward(req), at_once.forward(req), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4", "nvfp4", "bf16"])
+def test_growing_a_quantized_layer_keeps_its_experts_exact(moe_dir, fmt):
+    shard = make_shard(moe_dir, experts_dtype=fmt)
+    shard.load(1, [6, 2])
+    shard.load(1, [4, 0])
+    shard.drop(1, [2])
+    at_once = make_shard(moe_dir, experts_dtype=fmt)
+    at_once.load(1, [0, 4, 6])
+    req = routed_request(12, [4, 0, 6], layer=1)
+    torch.testing.assert_close(shard.forward(req), at_once.forward(req), rtol=0, atol=0)
+
+
 def test_slot_budget_is_resource_exhausted(moe_dir):
     shard = make_shard(moe_dir, slot_budget=3)
     shard.load(0, [0, 1])
