@@ -3,7 +3,7 @@ import os
 
 from hypothesis import settings
 
-pytest_plugins = ["tests.plugins.watchdog"]
+pytest_plugins = ["tests.plugins.watchdog", "tests.fixtures.tiny_models"]
 
 # The same examples on every run, so CI never fails on a draw a previous run did not make;
 # HYPOTHESIS_PROFILE=explore draws fresh examples (and more of them) to hunt for new failures.

@@ -12,7 +12,7 @@ from attention_svc.remote_experts import RemoteExperts
 from control_svc.placement import initial_placement as round_robin_placement
 from moemesh.errors import MeshError
 from tests.attention_svc.test_remote_experts import ShardTransport, peers
-from tests.expert_svc.fixtures import all_weights, moe_dir, plan_expected, routed_plan  # noqa: F401
+from tests.fixtures.expert_servers import all_weights, moe_dir, plan_expected, routed_plan  # noqa: F401
 
 
 def setup(moe_dir, timeout_s):

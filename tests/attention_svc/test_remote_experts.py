@@ -27,7 +27,7 @@ from moemesh.transport.dist_link import host_id
 from moemesh.transport.dist_transport import DistTransport, open_transport
 from moemesh.transport.grpc_transport import GrpcTransport
 from tests.fixtures.auth import TEST_RPC, token_env
-from tests.expert_svc.fixtures import (  # noqa: F401
+from tests.fixtures.expert_servers import (  # noqa: F401
     all_weights, expected, loop, moe_dir, plan_expected, routed_plan, routed_request, running_expert_servers,
 )
 

@@ -18,7 +18,7 @@ from moemesh.errors import MeshError
 from moemesh.rpc.protos import load as load_protos
 from moemesh.rpc.server import make_channel
 from tests.control_svc.test_plane import LAYERS, make_plane, settle, stats, two_servers
-from tests.expert_svc.fixtures import running_expert_servers
+from tests.fixtures.expert_servers import running_expert_servers
 from tests.fixtures.auth import TEST_RPC
 
 expert_pb2, expert_grpc = load_protos("expert")

@@ -9,7 +9,7 @@ from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
 from moemesh.models.registry import load_model_config
 from moemesh.rpc.server import make_channel
-from tests.expert_svc.fixtures import running_expert_servers
+from tests.fixtures.expert_servers import running_expert_servers
 from tests.fixtures.auth import TEST_RPC
 
 

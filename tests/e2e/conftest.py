@@ -11,3 +11,6 @@ def tiny_model_dir(tmp_path_factory):
     make_tiny_checkpoint("mixtral", path)
     make_tiny_tokenizer(path)
     return path
+
+
+from tests.fixtures.expert_servers import loop, moe_dir  # noqa: E402,F401  (pytest fixtures)

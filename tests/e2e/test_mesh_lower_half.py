@@ -14,7 +14,7 @@ from control_svc.server import create_server
 from moemesh.contracts.placement import Placement
 from moemesh.transport.dist_transport import open_transport
 from tests.fixtures.auth import TEST_RPC
-from tests.expert_svc.fixtures import all_weights, plan_expected, routed_plan, running_expert_servers
+from tests.fixtures.expert_servers import all_weights, plan_expected, routed_plan, running_expert_servers
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode
 from moemesh.transport.grpc_transport import request_message
 from tests.fixtures.auth import TEST_RPC, token_env
-from tests.expert_svc.fixtures import routed_request, running_expert_servers
+from tests.fixtures.expert_servers import routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
 control_pb2, control_grpc = load("control")
@@ -124,7 +124,7 @@ def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
 
 
 def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(moe_dir, loop):
-    from tests.expert_svc.fixtures import HIDDEN
+    from tests.fixtures.expert_servers import HIDDEN
 
     with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=4 * HIDDEN) as (srv,):
         ran_on, real = [], srv.shard.forward

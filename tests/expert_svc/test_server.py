@@ -9,7 +9,7 @@ from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode, encode
 from moemesh.transport.grpc_transport import request_message
 from tests.fixtures.auth import TEST_RPC
-from tests.expert_svc.fixtures import all_weights, expected, routed_request, running_expert_servers
+from tests.fixtures.expert_servers import all_weights, expected, routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
 

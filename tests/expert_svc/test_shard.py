@@ -6,7 +6,7 @@ import torch
 
 from expert_svc.shard import ExpertShard
 from moemesh.errors import MeshError
-from tests.expert_svc.fixtures import all_weights, expected, routed_request
+from tests.fixtures.expert_servers import all_weights, expected, routed_request
 
 
 def make_shard(moe_dir, **kw):

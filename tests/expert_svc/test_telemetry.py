@@ -6,7 +6,7 @@ import torch
 
 from expert_svc.stats import ShardStats
 from moemesh.transport.grpc_transport import request_message
-from tests.expert_svc.fixtures import routed_request, running_expert_servers
+from tests.fixtures.expert_servers import routed_request, running_expert_servers
 from tests.expert_svc.test_server import call, expert_pb2, stream
 
 

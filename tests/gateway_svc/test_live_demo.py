@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
-from tests.e2e.helpers import attention_load, wait_idle
+from tests.fixtures.services import attention_load, wait_idle
 from tests.gateway_svc import browser
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -16,7 +16,7 @@ import grpc
 
 from moemesh.launcher.child import Child, stop_all
 from moemesh.rpc.generation import build_request
-from tests.e2e.helpers import gen_grpc, start_service
+from tests.fixtures.services import gen_grpc, start_service
 
 
 def ctl(control: str, *args: str) -> dict:

@@ -7,7 +7,7 @@ import json
 
 from moemesh.cli.main import main
 from moemesh.launcher.child import stop_all
-from tests.e2e.helpers import start_service
+from tests.fixtures.services import start_service
 
 
 def test_bench_prints_summaries_ratio_and_plot(tiny_model_dir, tmp_path):

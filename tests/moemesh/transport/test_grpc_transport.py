@@ -10,7 +10,7 @@ import torch
 from moemesh.errors import MeshError
 from moemesh.transport.grpc_transport import GrpcTransport
 from tests.fixtures.auth import TEST_RPC
-from tests.expert_svc.fixtures import all_weights, expected, loop, moe_dir, routed_request, running_expert_servers  # noqa: F401
+from tests.fixtures.expert_servers import all_weights, expected, loop, moe_dir, routed_request, running_expert_servers  # noqa: F401
 
 
 def transport_to(srv, timeout_s=20.0):
