@@ -12,11 +12,11 @@ from attention_svc.remote_experts import RemoteExperts
 from control_svc.placement import initial_placement as round_robin_placement
 from moemesh.errors import MeshError
 from tests.attention_svc.test_remote_experts import ShardTransport, peers
-from tests.fixtures.expert_servers import all_weights, moe_dir, plan_expected, routed_plan  # noqa: F401
+from tests.fixtures.expert_servers import all_weights, plan_expected, routed_plan  # noqa: F401
 
 
-def setup(moe_dir, timeout_s):
-    cfg, weights = all_weights(moe_dir)
+def setup(tiny_model_dir, timeout_s):
+    cfg, weights = all_weights(tiny_model_dir)
     p1 = round_robin_placement(cfg.moe_layers, 8, [("good", 0), ("bad", 0)], version=1)
     reports = []
     experts = RemoteExperts(
@@ -27,8 +27,8 @@ def setup(moe_dir, timeout_s):
 
 
 @pytest.mark.parametrize("top_k", [2, 8])  # sparse, and every token to every expert
-def test_failed_layer_is_retried_on_the_placement_without_the_dead_server(moe_dir, top_k):
-    cfg, weights, experts, reports = setup(moe_dir, timeout_s=10)
+def test_failed_layer_is_retried_on_the_placement_without_the_dead_server(tiny_model_dir, top_k):
+    cfg, weights, experts, reports = setup(tiny_model_dir, timeout_s=10)
     x, plan = routed_plan(10, top_k=top_k)
     fut = experts.submit(1, x, plan)
     time.sleep(0.1)
@@ -40,8 +40,8 @@ def test_failed_layer_is_retried_on_the_placement_without_the_dead_server(moe_di
     experts.close()
 
 
-def test_no_placement_without_the_server_ends_in_unavailable_within_the_timeout(moe_dir):
-    cfg, _, experts, reports = setup(moe_dir, timeout_s=0.5)
+def test_no_placement_without_the_server_ends_in_unavailable_within_the_timeout(tiny_model_dir):
+    cfg, _, experts, reports = setup(tiny_model_dir, timeout_s=0.5)
     x, plan = routed_plan(10, top_k=8)
     # a newer placement that still names the dead server does not count
     experts.set_placement(round_robin_placement(cfg.moe_layers, 8, [("bad", 0)], version=2), peers(["bad"]))
@@ -53,8 +53,8 @@ def test_no_placement_without_the_server_ends_in_unavailable_within_the_timeout(
     experts.close()
 
 
-def test_without_a_failover_timeout_the_failure_surfaces_at_once(moe_dir):
-    _, _, experts, reports = setup(moe_dir, timeout_s=0)
+def test_without_a_failover_timeout_the_failure_surfaces_at_once(tiny_model_dir):
+    _, _, experts, reports = setup(tiny_model_dir, timeout_s=0)
     x, plan = routed_plan(4, top_k=8)
     with pytest.raises(MeshError, match="gone"):
         experts.submit(0, x, plan).result(5)
@@ -62,8 +62,8 @@ def test_without_a_failover_timeout_the_failure_surfaces_at_once(moe_dir):
     experts.close()
 
 
-def test_bad_requests_are_not_retried(moe_dir):
-    _, weights, experts, reports = setup(moe_dir, timeout_s=10)
+def test_bad_requests_are_not_retried(tiny_model_dir):
+    _, weights, experts, reports = setup(tiny_model_dir, timeout_s=10)
 
     class Refusing(ShardTransport):
         def forward(self, req):

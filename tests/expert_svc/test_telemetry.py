@@ -32,8 +32,8 @@ def test_load_slides_out_of_the_window_while_requests_and_busy_time_reset_on_dem
     assert snap.tokens == {(1, 3): 2} and snap.requests == 0 and snap.busy_seconds == 0.0
 
 
-def test_stats_and_metrics_endpoint_without_a_gpu(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, preload="all", transport="grpc", metrics_port=0) as (srv,):
+def test_stats_and_metrics_endpoint_without_a_gpu(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, preload="all", transport="grpc", metrics_port=0) as (srv,):
         req = routed_request(9, [1, 6], layer=1, top_k=1)
         (answer,) = stream(loop, srv.port, [request_message(req)])
         assert not answer.error_code
