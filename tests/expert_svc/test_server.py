@@ -131,3 +131,10 @@ def test_unexpected_failure_is_internal_and_the_server_keeps_serving(tiny_model_
         srv.shard.forward = lambda req: (_ for _ in ()).throw(KeyError("bug"))
         (a,) = stream(loop, srv.port, [request_message(routed_request(3, [1]))])
         assert a.error_code == grpc.StatusCode.INTERNAL.value[0] and "KeyError" in a.error
+
+
+def test_the_all_experts_path_follows_the_config(tiny_model_dir, loop):
+    for flag in (True, False):
+        with running_expert_servers(tiny_model_dir, 1, loop, preload="all", transport="grpc", all_experts_path=flag) as (srv,):
+            assert srv.shard.all_experts_path is flag
+            assert all((srv.shard._layers[layer].concatenated is not None) is flag for layer in srv.shard.held())
