@@ -70,8 +70,8 @@ class MoeDecoderLM:
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
         if cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
             # Tied: the LM head is the step's largest matrix (the demo's 49152 x 576 is a fifth of its
-            # weights); where a oneDNN-packed copy applies it is 1.2x (1 row) to 2x (16 rows) faster,
-            # worth a second copy. Else one copy serves both, in the matmul layout.
+            # weights); where a oneDNN-packed copy applies it is faster from 1 to 16 rows, worth a
+            # second copy. Else one copy serves both, in the matmul layout.
             packed = packed_for_linear(embed) if embed.device.type == "cpu" else None
             if packed is not None:
                 self.embed, self.lm_head = embed, packed
