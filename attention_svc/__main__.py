@@ -5,4 +5,4 @@ from moemesh.rpc.server import serve_process
 from moemesh.svc_config import parse_config
 
 cfg = parse_config(AttentionConfig, "attention", prog="python -m attention_svc")
-serve_process(lambda stop: run(cfg, stop))
+serve_process(lambda stop: run(cfg, stop), "python -m attention_svc")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 import grpc
 
@@ -23,7 +23,7 @@ class SequenceRequest:
     """A sequence as the router sends it; `sampling` holds only the fields the client set."""
 
     request_id: str
-    prompt_token_ids: tuple[int, ...]
+    prompt_token_ids: Sequence[int]  # a tuple, or the message's repeated field (not copied)
     sampling: dict  # SamplingParams field -> value
     logprobs: bool = False
 

@@ -7,12 +7,19 @@ plane), engine, step loop, servicer, gRPC server, /metrics.
 
 `run(cfg, stop)` does that around `stop` and prints `moemesh attention_svc: serving HOST:PORT
 [metrics=HOST:PORT]` once serving.
+
+The step loop is watched: should its task ever end while serving (it survives failed steps, so
+this means the replica is broken), health turns NOT_SERVING, every stream ends UNAVAILABLE and
+`run` raises `ServiceFailed`, so the process exits non-zero and its supervisor restarts it.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import logging
+
+import grpc
 
 from attention_svc.config import AttentionConfig
 from attention_svc.control_follower import ControlFollower, engine_knob_setter
@@ -22,9 +29,12 @@ from attention_svc.servicer import SERVICE_NAME, AttentionServicer, pb_grpc
 from attention_svc.step_loop import StepLoop
 from moemesh.engine import LLMEngine
 from moemesh.engine.device import select_device
+from moemesh.errors import MeshError, ServiceFailed
 from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import MetricsServer, ServiceMetrics
 from moemesh.transport.dist_transport import open_transport
+
+log = logging.getLogger(__name__)
 
 
 class AttentionServer:
@@ -41,6 +51,9 @@ class AttentionServer:
         self.cfg = cfg
         self.metrics_server = metrics_server  # /metrics when cfg.metrics_port is set
         self._loop_task: asyncio.Task | None = None
+        self._stopping = False
+        self.failure: str | None = None  # why the step loop ended, once it has
+        self.failed = asyncio.Event()
 
     @property
     def address(self) -> str:
@@ -48,15 +61,39 @@ class AttentionServer:
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self.replica.loop.run())
+        self._loop_task.add_done_callback(self._loop_ended)
         await self.mesh.start()
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        if self._stopping:
+            return
+        exc = None if task.cancelled() else task.exception()
+        self.failure = f"attention: the engine step loop stopped ({'cancelled' if exc is None else f'{type(exc).__name__}: {exc}'})"
+        log.error("%s: health NOT_SERVING, exiting to be restarted", self.failure)
+        self.replica.serving = False
+        self.replica.loop.fail_all(MeshError(grpc.StatusCode.UNAVAILABLE, f"{self.failure}; this replica is restarting"))
+        asyncio.get_running_loop().create_task(self.mesh.set_serving(False))
+        self.failed.set()
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        """Returns when `stop` is set; raises ServiceFailed as soon as the step loop has ended."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.failed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if self.failed.is_set():
+            raise ServiceFailed(self.failure)
 
     async def shutdown(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING and no new sequences; running ones get the grace period to finish."""
+        self._stopping = True
         self.replica.serving = False
         await self.mesh.shutdown(grace_s)
         if self._loop_task is not None:
             self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._loop_task
         self.replica.loop.close()
         await close_experts(self.experts, self.follower)
@@ -97,11 +134,12 @@ async def create_server(cfg: AttentionConfig) -> tuple[AttentionServer, int]:
 
 
 async def run(cfg: AttentionConfig, stop: asyncio.Event) -> None:
-    """Serve until `stop` is set, then drain (health NOT_SERVING, grace period)."""
+    """Serve until `stop` is set, then drain (health NOT_SERVING, grace period); raises
+    ServiceFailed (after stopping) when the step loop ended."""
     server, _ = await create_server(cfg)
     await server.start()
     try:
         print_ready("attention", server.address, metrics=server.metrics_server and f"{cfg.host}:{server.metrics_server.port}")
-        await stop.wait()
+        await server.serve_until(stop)
     finally:
         await server.shutdown()

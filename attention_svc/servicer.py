@@ -20,7 +20,8 @@ def to_request(msg) -> SequenceRequest:
     sampling["prompt_logprobs"] = msg.prompt_logprobs
     if msg.top_logprobs:
         sampling["top_logprobs"] = msg.top_logprobs
-    return SequenceRequest(msg.request_id, tuple(msg.prompt_token_ids), sampling, msg.logprobs)
+    # the ids stay in the message's container: the replica checks their number before anything copies them
+    return SequenceRequest(msg.request_id, msg.prompt_token_ids, sampling, msg.logprobs)
 
 
 def to_update(out, logprobs: bool):

@@ -5,4 +5,4 @@ from moemesh.rpc.server import serve_process
 from moemesh.svc_config import parse_config
 
 cfg = parse_config(ControlConfig, "control", prog="python -m control_svc")
-serve_process(lambda stop: run(cfg, stop))
+serve_process(lambda stop: run(cfg, stop), "python -m control_svc")

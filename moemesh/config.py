@@ -85,9 +85,12 @@ def read_json(path: Path, required: bool) -> dict[str, Any]:
             raise ConfigError(f"{path.name} not found in {str(path.parent)!r}")
         return {}
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # unreadable, invalid JSON, invalid UTF-8
         raise ConfigError(f"{path} is not readable JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def token_ids(value: Any) -> tuple[int, ...]:

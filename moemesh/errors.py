@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import grpc
 
+# Exceptions that mean "a flag, file or value given was bad": a command prints one line naming it
+# and exits with status 2 (ValueError covers ConfigError, CheckpointError, JSON and UTF-8 errors;
+# OSError missing or unreadable files and ports that cannot be bound).
+USAGE_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+
 
 class MeshError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str, *, server_id: str = "", address: str = "") -> None:
@@ -36,3 +41,8 @@ def out_of_range(message: str) -> MeshError:
 def from_rpc_error(e: grpc.RpcError, server_id: str = "", address: str = "") -> MeshError:
     """A failed call (sync `grpc.RpcError` or aio `AioRpcError`: both carry code() and details())."""
     return MeshError(e.code(), e.details() or e.code().name, server_id=server_id, address=address)
+
+
+class ServiceFailed(RuntimeError):
+    """Work a service cannot serve without stopped for good (an attention replica's step loop): the
+    process turns NOT_SERVING and exits non-zero, so that its supervisor restarts it."""

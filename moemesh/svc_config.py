@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -33,6 +34,13 @@ FALSE = ("0", "false", "no", "off")
 
 class ConfigValueError(ValueError):
     """A flag or environment value cannot be converted to its field's type."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but an error is one line (`PROG: error: MESSAGE (see PROG --help)`), exit status 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +141,8 @@ def convert(spec: FieldSpec, text: str, source: str) -> Any:
         if spec.kind is tuple:
             return tuple(spec.item(p.strip()) for p in text.split(",") if p.strip())
         value = spec.kind(text)
+        if spec.kind is float and not math.isfinite(value):  # every float setting is a size, time or factor
+            raise ValueError("must be a finite number")
     except ValueError as e:
         raise ConfigValueError(f"config field {spec.name} ({source}): cannot read {text!r} as {type_label(spec)}: {e}") from e
     if spec.choices and value not in spec.choices:
@@ -204,7 +214,7 @@ def build(cls: type[T], values: dict[tuple[str, ...], Any], prefix: tuple[str, .
 
 def parse_config(cls: type[T], service: str | None, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, prog: str | None = None) -> T:
     """Parse `argv` (sys.argv[1:] when None) into a `cls` instance; exits with usage on bad input."""
-    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
+    parser = OneLineParser(prog=prog, description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
     add_arguments(parser, cls, service)
     args = parser.parse_args(argv)
     try:

@@ -5,4 +5,4 @@ from router_svc.config import RouterConfig
 from router_svc.server import run
 
 cfg = parse_config(RouterConfig, "router", prog="python -m router_svc")
-serve_process(lambda stop: run(cfg, stop))
+serve_process(lambda stop: run(cfg, stop), "python -m router_svc")

@@ -29,7 +29,7 @@ def _upstream(exc: grpc.aio.AioRpcError) -> MeshError:
 def to_proto(spec: SequenceSpec):
     s = spec.sampling
     return pb.SequenceRequest(
-        request_id=spec.request_id,
+        request_id=spec.sequence_id or spec.request_id,
         prompt_token_ids=spec.prompt_token_ids,
         max_new_tokens=s.max_new_tokens,
         temperature=s.temperature,
@@ -71,9 +71,9 @@ class AttentionClient:
         finally:
             call.cancel()
 
-    async def abort(self, request_id: str) -> bool:
+    async def abort(self, sequence_id: str) -> bool:
         try:
-            resp = await self.stub.Abort(pb.AbortSequenceRequest(request_id=request_id), timeout=10)
+            resp = await self.stub.Abort(pb.AbortSequenceRequest(request_id=sequence_id), timeout=10)
         except grpc.aio.AioRpcError as exc:
             raise _upstream(exc) from exc
         return resp.found

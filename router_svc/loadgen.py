@@ -7,10 +7,14 @@ Arrivals: `concurrency` closed-loop streams, or Poisson arrivals at `rate` reque
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
 from dataclasses import dataclass, field
+
+
+MAX_COUNT = 1 << 20  # requests, streams and tokens per request: more than any mesh serves in one run
 
 
 @dataclass(frozen=True)
@@ -26,10 +30,10 @@ class Workload:
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "concurrency", "prompt_len", "output_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.rate < 0:
-            raise ValueError(f"rate must be >= 0, got {self.rate}")
+            if not 1 <= getattr(self, name) <= MAX_COUNT:
+                raise ValueError(f"{name} must be in [1, {MAX_COUNT}], got {getattr(self, name)}")
+        if not (math.isfinite(self.rate) and self.rate >= 0):
+            raise ValueError(f"rate must be a finite number >= 0, got {self.rate}")
         if not 0 <= self.vocab_low < self.vocab_high:
             raise ValueError(f"need 0 <= vocab_low < vocab_high, got {self.vocab_low}, {self.vocab_high}")
 

@@ -1,6 +1,6 @@
 """`Router`: the request path of the front door, independent of gRPC.
 
-    prepare (validate, tokenize) -> admission slot -> replica (the one holding the prompt's prefix,
+    prepare (validate, tokenize; on a worker thread) -> admission slot -> replica (the one holding the prompt's prefix,
     else the least loaded; the next one if it is unavailable before the first token) -> stream its
     tokens through the detokenizer and stop strings -> final message
 
@@ -9,7 +9,11 @@ aborts the sequence there and frees its KV blocks.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import uuid
 from contextlib import aclosing
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 import grpc
@@ -18,10 +22,13 @@ from moemesh.block_hash import block_hashes
 from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError
 from router_svc.admission import Admission
+from router_svc.limits import RequestLimits
 from router_svc.output import OutputAssembler
 from router_svc.prepare import RequestPreparer
 from router_svc.replicas import ReplicaSet
 from router_svc.types import Delta, Finished, GenerationInput, SequenceSpec, SequenceUpdate
+
+DUPLICATE_GRACE_S = 0.5  # how long a new call waits for a cancelled stream under its id to end
 
 
 class Router:
@@ -31,21 +38,25 @@ class Router:
         self.admission = admission
         self.tokenizer = tokenizer
         self.preparer = RequestPreparer(info, tokenizer)
-        self._placed: dict[str, object] = {}  # request id -> replica running it
-        self._callers: dict[str, str] = {}  # request id -> who started it (only they may abort it)
+        self._placed: dict[str, _Running] = {}  # request id -> where it runs and who started it
+
+    @property
+    def limits(self) -> RequestLimits:
+        return self.preparer.limits
 
     async def generate(self, req: GenerationInput, timeout: float | None = None, caller: str = "") -> AsyncIterator[Delta | Finished]:
         """caller: who sends the request (`moemesh.rpc.security.caller_identity`); `abort` honours only them."""
-        spec = self.preparer.prepare(req)
+        # on a worker thread: tokenizing a long prompt (without the GIL) must not hold up other streams
+        spec = await asyncio.to_thread(self.preparer.prepare, req)
         async with self.admission.slot():
-            if spec.request_id in self._placed or spec.request_id in self._callers:
-                raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {spec.request_id!r} is already running")
-            self._callers[spec.request_id] = caller
+            await self._wait_for_id(spec.request_id)
+            running = self._placed[spec.request_id] = _Running(caller=caller)
+            spec = replace(spec, sequence_id=f"{spec.request_id}#{uuid.uuid4().hex[:12]}")
             try:
                 wants_texts = spec.sampling.logprobs or spec.sampling.top_logprobs > 0
                 out = OutputAssembler(spec.prompt_token_ids, req.stop, self.tokenizer, token_texts=wants_texts)
                 finish = ""
-                async with aclosing(self._updates(spec, timeout)) as updates:
+                async with aclosing(self._updates(spec, timeout, running)) as updates:
                     async for update in updates:
                         delta = out.push(update)
                         if delta is not None:
@@ -63,17 +74,31 @@ class Router:
                     yield Delta(text=tail, token_ids=())
                 yield out.finish(finish)
             finally:
-                self._placed.pop(spec.request_id, None)
-                self._callers.pop(spec.request_id, None)
+                running.ended.set()
+                if self._placed.get(spec.request_id) is running:  # an abort may have freed the id for another
+                    del self._placed[spec.request_id]
 
-    async def _updates(self, spec: SequenceSpec, timeout: float | None) -> AsyncIterator[SequenceUpdate]:
+    async def _wait_for_id(self, request_id: str) -> None:
+        """Raises ALREADY_EXISTS while another stream runs under `request_id`. A stream whose client
+        cancelled it ends within a turn or two of the event loop, but its cancellation and a new
+        call reusing the id may be processed in either order: a stream still there gets
+        DUPLICATE_GRACE_S to end first."""
+        running = self._placed.get(request_id)
+        if running is None:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(running.ended.wait(), DUPLICATE_GRACE_S)
+        if request_id in self._placed:
+            raise MeshError(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {request_id!r} is already running")
+
+    async def _updates(self, spec: SequenceSpec, timeout: float | None, running: _Running) -> AsyncIterator[SequenceUpdate]:
         """The sequence's updates from the replica `ReplicaSet.pick` chooses for its prompt. A replica that
         is UNAVAILABLE before its first update (draining, down) is marked so and the next one is tried."""
         tried: set[str] = set()
         prefix = self._prefix_keys(spec)
         while True:
-            replica = self.replicas.pick(exclude=tried, prefix=prefix)
-            self._placed[spec.request_id] = replica
+            replica = running.replica = self.replicas.pick(exclude=tried, prefix=prefix)
+            running.sequence_id = spec.sequence_id
             started = False
             try:
                 with self.replicas.track(replica):
@@ -88,9 +113,9 @@ class Router:
                 self.replicas.mark_unavailable(replica)
                 tried.add(replica.address)
 
-    def count_tokens(self, req: GenerationInput) -> int:
-        """How many prompt tokens `req`'s input makes, as `generate` would tokenize it."""
-        return self.preparer.count(req)
+    async def count_tokens(self, req: GenerationInput) -> int:
+        """How many prompt tokens `req`'s input makes, as `generate` would tokenize it (on a worker thread)."""
+        return await asyncio.to_thread(self.preparer.count, req)
 
     @property
     def serving(self) -> bool:
@@ -105,8 +130,23 @@ class Router:
 
     async def abort(self, request_id: str, caller: str = "") -> bool:
         """Stops a running request `caller` started; its stream ends with finish_reason "abort".
-        False if unknown, or started by another caller (to them it is as if it did not exist)."""
-        replica = self._placed.get(request_id)
-        if replica is None or self._callers.get(request_id) != caller:
+        False if unknown, or started by another caller (to them it is as if it did not exist).
+        Once it returns, the id is free for a new request (the replica frees it on its Abort)."""
+        running = self._placed.get(request_id)
+        if running is None or running.replica is None or running.caller != caller:
             return False
-        return await replica.client.abort(request_id)
+        found = await running.replica.client.abort(running.sequence_id)
+        if self._placed.get(request_id) is running:
+            del self._placed[request_id]
+        return found
+
+
+@dataclass(eq=False)
+class _Running:
+    """One request the router is serving: who started it, the replica it runs on (None until one is
+    picked), its id there, and `ended` once its stream is over."""
+
+    caller: str = ""
+    replica: object | None = None
+    sequence_id: str = ""
+    ended: asyncio.Event = field(default_factory=asyncio.Event)

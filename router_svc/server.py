@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import grpc
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,17 +114,27 @@ async def create_server(cfg: RouterConfig, resolver: Resolver = dns_resolve) -> 
         return AttentionClient(address, cfg.rpc)
 
     clients = [make_client(a) for a in await discovery.wait_for_addresses(cfg.connect_timeout_s)]
-    info = await clients[0].get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+
+    async def ask(client: AttentionClient):
+        try:
+            return await client.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+        except grpc.RpcError as exc:
+            raise ConnectionError(f"attention: replica {client.address} did not answer within {cfg.connect_timeout_s:g}s "
+                                  f"({exc.code().name}: {exc.details()})") from exc
+
+    info = await ask(clients[0])
     for c in clients[1:]:
-        other = await c.get_info(timeout=cfg.connect_timeout_s, name=cfg.model_name)
+        other = await ask(c)
         if other.vocab_size != info.vocab_size or other.architecture != info.architecture:
             raise ValueError(f"attention: replica {c.address} serves a different model than {clients[0].address}")
     tokenizer = load_tokenizer(cfg.model_dir or info.model_dir)
     info = replace(info, has_chat_template=bool(tokenizer and tokenizer.has_chat_template))
     replicas = ReplicaSet([Replica(c.address, c) for c in clients], cfg.prefix_imbalance if cfg.prefix_routing else None)
     router = Router(info, replicas, Admission(cfg.max_running, cfg.max_queued), tokenizer)
-    # the public API asks for the API key (when one is set), never the mesh token
-    mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME), credential=api_key_credential(cfg.api_key))
+    # the public API asks for the API key (when one is set), never the mesh token; a request longer than
+    # any valid one is refused by gRPC unread (router_svc/limits.py)
+    mesh = build_server(cfg.rpc, Service(add_to_server, GenerationServicer(router), SERVICE_NAME),
+                        credential=api_key_credential(cfg.api_key), max_receive_bytes=router.limits.message_bytes)
     port = mesh.bind(f"{cfg.host}:{cfg.port}")
     metrics = ServiceMetrics("router")
     metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None

@@ -1,7 +1,11 @@
 """`GenerationServicer`: moemesh.v1.Generation <-> `Router` (translation only).
 
 Generate's requests arrive as raw bytes and are parsed here, so a string field with invalid UTF-8
-gets INVALID_ARGUMENT naming the field rather than a generic deserialization failure.
+gets INVALID_ARGUMENT naming the field rather than a generic deserialization failure, and a request
+with more repeated entries than a valid one has is refused before it is parsed (wire_shape.py).
+Prompt token ids stay in the parsed message's container (no copy on the event loop): the router
+counts them, then checks and converts them on a worker thread; the other repeated fields are small
+once the wire check has passed.
 """
 from __future__ import annotations
 
@@ -15,8 +19,11 @@ from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
 from moemesh.rpc.security import caller_identity
 from router_svc.router import Router
+from router_svc.prepare import (MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TEMPLATE_KWARGS, MAX_TOOL_CALLS,
+                                MAX_TOOLS)
 from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec, ToolCallSpec, ToolSpec
 from router_svc.utf8 import find_bad_utf8
+from router_svc.wire_shape import WireLimits, check_wire_shape
 
 SERVICE_NAME = "moemesh.v1.Generation"
 pb, pb_grpc = load("generation")
@@ -47,7 +54,7 @@ def to_input(req) -> GenerationInput:
         top_p=_opt(req, "top_p"),
         top_k=_opt(req, "top_k"),
         seed=_opt(req, "seed"),
-        stop_token_ids=tuple(req.stop_token_ids),
+        stop_token_ids=req.stop_token_ids,
         logprobs=req.logprobs,
         prompt_logprobs=req.prompt_logprobs,
         ignore_eos=req.ignore_eos,
@@ -57,7 +64,7 @@ def to_input(req) -> GenerationInput:
         request_id=req.request_id or uuid.uuid4().hex,
         model=req.model,
         prompt=req.prompt if which == "prompt" else None,
-        prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
+        prompt_token_ids=req.prompt_token_ids.ids if which == "prompt_token_ids" else None,  # not copied here
         messages=tuple(to_turn(m) for m in req.messages.messages) if which == "messages" else None,
         sampling=sampling,
         stop=tuple(req.stop),
@@ -117,10 +124,16 @@ def info_to_proto(info: ModelInfo):
 class GenerationServicer:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.wire_limits = WireLimits(router.limits.max_messages, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TOOLS,
+                                      MAX_TEMPLATE_KWARGS, MAX_TOOL_CALLS)
+
+    def _input(self, raw: bytes) -> GenerationInput:
+        check_wire_shape(raw, self.wire_limits)
+        return to_input(parse_request(raw))
 
     async def Generate(self, raw: bytes, context: grpc.aio.ServicerContext):
         try:
-            inp = to_input(parse_request(raw))
+            inp = self._input(raw)
             async for item in self.router.generate(inp, timeout=context.time_remaining(), caller=caller_identity(context)):
                 yield to_response(inp.request_id, item)
         except MeshError as exc:
@@ -138,7 +151,7 @@ class GenerationServicer:
 
     async def CountTokens(self, raw: bytes, context: grpc.aio.ServicerContext):
         try:
-            return pb.TokenCount(prompt_tokens=self.router.count_tokens(to_input(parse_request(raw))))
+            return pb.TokenCount(prompt_tokens=await self.router.count_tokens(self._input(raw)))
         except MeshError as exc:
             await context.abort(exc.code, exc.message)
 

@@ -3,6 +3,7 @@ comes back. Proto messages are translated to and from these at the edges (servic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -14,7 +15,7 @@ class SamplingSpec:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: Sequence[int] = ()  # a tuple once prepared
     logprobs: bool = False
     prompt_logprobs: bool = False
     ignore_eos: bool = False
@@ -51,15 +52,17 @@ class ChatTurn:
 
 @dataclass(frozen=True)
 class GenerationInput:
-    """One client request: exactly one of `prompt`, `prompt_token_ids`, `messages` is set."""
+    """One client request: exactly one of `prompt`, `prompt_token_ids`, `messages` is set. The
+    sequences may be a parsed message's repeated fields (not copied): `RequestPreparer` checks their
+    sizes before it converts them."""
 
     request_id: str = ""
     model: str = ""
     prompt: str | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
-    messages: tuple[ChatTurn, ...] | None = None
+    prompt_token_ids: Sequence[int] | None = None
+    messages: Sequence[ChatTurn] | None = None  # or ChatMessage protos (role, content)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
-    stop: tuple[str, ...] = ()
+    stop: Sequence[str] = ()
     tools: tuple[ToolSpec, ...] = ()
     chat_template_kwargs: tuple[tuple[str, str], ...] = ()  # (name, JSON value in text form)
     fill_context: bool = False  # max_new_tokens unset: up to the context, not the model's default
@@ -68,11 +71,14 @@ class GenerationInput:
 
 @dataclass(frozen=True)
 class SequenceSpec:
-    """What an attention replica runs: token ids and sampling, already validated."""
+    """What an attention replica runs: token ids and sampling, already validated. `sequence_id` is
+    the replica's name for it: the client's id made unique by the router, so that ids of clients of
+    different routers, or an id reused right after a cancel, never collide on a replica."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingSpec
+    sequence_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ _STRING = FieldDescriptor.TYPE_STRING
 _MESSAGE = FieldDescriptor.TYPE_MESSAGE
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(data):
@@ -30,10 +30,10 @@ def find_bad_utf8(descriptor, data: bytes, prefix: str = "") -> str | None:
     counts: dict[int, int] = {}
     pos = 0
     while pos < len(data):
-        key, pos = _varint(data, pos)
+        key, pos = read_varint(data, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            _, pos = _varint(data, pos)
+            _, pos = read_varint(data, pos)
             continue
         if wire == 1:
             pos += 8
@@ -43,7 +43,7 @@ def find_bad_utf8(descriptor, data: bytes, prefix: str = "") -> str | None:
             continue
         if wire != 2:
             raise ValueError(f"unsupported wire type {wire}")
-        size, pos = _varint(data, pos)
+        size, pos = read_varint(data, pos)
         chunk, pos = data[pos:pos + size], pos + size
         field = descriptor.fields_by_number.get(number)
         if field is None:

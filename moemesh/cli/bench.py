@@ -36,12 +36,12 @@ def workload(ns: argparse.Namespace):
 
 
 def run(ns: argparse.Namespace) -> int:
-    try:
-        work = workload(ns)
-        results = bench(ns, work)
-    except ValueError as e:
-        print(f"moemesh bench: error: {e}", file=sys.stderr)
-        return 2
+    """A bad flag raises ValueError naming it: one line from moemesh.cli.main, status 2."""
+    from moemesh.cli.checks import check_address
+
+    if ns.addr:
+        check_address("--addr", ns.addr)
+    results = bench(ns, workload(ns))
     report(results, ns)
     return 0
 

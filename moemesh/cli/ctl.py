@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import math
 
+from moemesh.cli.checks import check_address, check_timeout
 from moemesh.cli.client_args import ControlClientArgs, add_client_arguments, client_args
 
 TIMEOUT_S = 300.0  # a switch loads experts from the checkpoint: allow it time
@@ -56,27 +57,30 @@ def run(ns: argparse.Namespace) -> int:
     from moemesh.contracts.wire import control_grpc, control_pb2
     from moemesh.rpc.server import make_sync_channel
 
-    if ns.ctl_command == "set" and ns.top_k is None and ns.capacity_factor is None:
-        print("moemesh ctl set: error: give --top-k and/or --capacity-factor", file=sys.stderr)
-        return 2
-    try:
-        rpc = client_args(ControlClientArgs, ns).rpc()
-        channel = make_sync_channel(ns.addr, rpc)
-    except ValueError as e:
-        print(f"moemesh ctl {ns.ctl_command}: error: {e}", file=sys.stderr)
-        return 2
-    with channel:
-        stub = control_grpc.ControlServiceStub(channel)
-        try:
-            resp = call(stub, control_pb2, ns)
-        except grpc.RpcError as e:
-            print(f"moemesh ctl {ns.ctl_command}: error: {e.code().name}: {e.details()}", file=sys.stderr)
-            return 1
+    check_address("--addr", ns.addr)
+    check_timeout("--timeout", ns.timeout)
+    if ns.ctl_command == "set":
+        check_knobs(ns)
+    # a bad flag or a refused or failed call reaches moemesh.cli.main, which prints it as one line
+    with make_sync_channel(ns.addr, client_args(ControlClientArgs, ns).rpc()) as channel:
+        resp = call(control_grpc.ControlServiceStub(channel), control_pb2, ns)
     if ns.json:
         print(json.dumps(MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)))
     else:
         print(render(ns.ctl_command, resp))
     return 0
+
+
+def check_knobs(ns: argparse.Namespace) -> None:
+    """What the command line can tell before asking the control plane (which checks against the model)."""
+    if ns.top_k is None and ns.capacity_factor is None:
+        raise ValueError("--top-k and/or --capacity-factor: give at least one")
+    if ns.top_k is not None and ns.top_k < 1:
+        raise ValueError(f"--top-k: must be >= 1, got {ns.top_k}")
+    if ns.capacity_factor is not None and not math.isfinite(ns.capacity_factor):
+        raise ValueError(f"--capacity-factor: must be a finite number, got {ns.capacity_factor}")
+    if ns.layer is not None and ns.layer < 0:
+        raise ValueError(f"--layer: must be >= 0, got {ns.layer}")
 
 
 def call(stub, pb, ns: argparse.Namespace):

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import sys
 
+from moemesh.cli.checks import check_address, check_timeout
 from moemesh.cli.client_args import RouterClientArgs, add_client_arguments, client_args
 from moemesh.cli.prompt_args import PromptArgs
 from moemesh.svc_config import add_arguments, from_sources
@@ -31,22 +32,10 @@ def prompt_args(ns: argparse.Namespace) -> PromptArgs:
 
 
 def run(ns: argparse.Namespace) -> int:
-    import grpc
-
-    try:
-        args = prompt_args(ns)
-        client = client_args(RouterClientArgs, ns)
-    except ValueError as e:
-        print(f"moemesh generate: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        return generate(ns, args, client)
-    except ValueError as e:  # e.g. --addr is not host:port
-        print(f"moemesh generate: error: {e}", file=sys.stderr)
-        return 2
-    except grpc.RpcError as e:
-        print(f"moemesh generate: error: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 1
+    """Errors (bad flags, a refused or failed call) reach `moemesh.cli.main`, which prints one line."""
+    check_address("--addr", ns.addr)
+    check_timeout("--timeout", ns.timeout)
+    return generate(ns, prompt_args(ns), client_args(RouterClientArgs, ns))
 
 
 def generate(ns: argparse.Namespace, args: PromptArgs, client: RouterClientArgs) -> int:

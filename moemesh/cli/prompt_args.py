@@ -33,6 +33,7 @@ class PromptArgs:
             raise ValueError("one of --prompt and --prompt-ids is required, not both")
         if self.prompt_ids is not None:
             parse_prompt_ids(self.prompt_ids)
+        self.sampling_params()  # the sampling values are checked here, before any model is loaded or called
 
     @property
     def token_ids(self) -> tuple[int, ...] | None:

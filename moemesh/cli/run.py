@@ -34,15 +34,12 @@ def register(subparsers) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from moemesh.checkpoint import CheckpointError
+    """Bad flags, files and values raise ValueError/OSError: `moemesh.cli.main` prints them as one
+    line naming the flag or file, exit status 2."""
     from moemesh.svc_config import from_sources
 
     fields = argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("command", "func")})
-    try:
-        return generate(from_sources(RunConfig, None, fields))
-    except (ValueError, CheckpointError, FileNotFoundError, OSError) as e:
-        print(f"moemesh run: error: {e}", file=sys.stderr)
-        return 2
+    return generate(from_sources(RunConfig, None, fields))
 
 
 def load_tokenizer(model: str, required: bool):
@@ -87,6 +84,8 @@ def generate(cfg: RunConfig) -> int:
     reason = None
     while reason is None:
         for out in engine.step():
+            if out.error is not None:  # the sequence failed (non-finite logits): one line from moemesh.cli.main
+                raise out.error
             tokens.append(out.token_id)
             logprobs.append(out.logprob)
             if out.prompt_logprobs is not None:

@@ -50,15 +50,12 @@ def unavailable(name: str, err: Exception) -> int:
 
 
 def run(ns: argparse.Namespace, name: str, cls, run_spec: str) -> int:
-    """Serves until SIGTERM/SIGINT, drains, then ends the process (serve_process); returns 2 on a bad config."""
+    """Serves until SIGTERM/SIGINT, drains, then ends the process (serve_process: a service that cannot
+    start prints one line and exits 2, one that fails exits 1)."""
     from moemesh.rpc.server import serve_process
     from moemesh.svc_config import from_sources
 
     fields = argparse.Namespace(**{k: v for k, v in vars(ns).items() if k not in ("command", "service", "func")})
-    try:
-        cfg = from_sources(cls, name, fields)
-    except ValueError as e:
-        print(f"moemesh serve {name}: error: {e}", file=sys.stderr)
-        return 2
+    cfg = from_sources(cls, name, fields)  # a bad flag: one line naming it from moemesh.cli.main, status 2
     runner = resolve(run_spec)
-    serve_process(lambda stop: runner(cfg, stop))
+    serve_process(lambda stop: runner(cfg, stop), f"moemesh serve {name}")

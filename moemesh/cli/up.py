@@ -53,11 +53,15 @@ def add_mesh_arguments(p: argparse.ArgumentParser, cls: type = RunMeshConfig) ->
 
 def mesh_config(ns: argparse.Namespace, cls: type = RunMeshConfig, progress: Callable[[str], None] | None = None):
     """The parsed flags as `cls`, the demo model (built if absent) standing in for an empty --model.
-    Raises ValueError naming the flag on a bad value."""
+    Raises ValueError naming the flag on a bad value (one line from moemesh.cli.main, status 2)."""
+    from moemesh.cli.checks import check_at_least, check_model_dir, check_timeout
     from moemesh.svc_config import from_sources
 
     cfg = from_sources(cls, None, ns)
+    check_at_least("--attention-threads", cfg.mesh.attention_threads, 0)
+    check_timeout("--start-timeout", cfg.mesh.start_timeout_s)
     if cfg.mesh.model_dir:
+        check_model_dir("--model", cfg.mesh.model_dir)
         return cfg
     from moemesh.demo_model import ensure_demo_model
 
@@ -74,12 +78,9 @@ def register(subparsers) -> None:
 def run(ns: argparse.Namespace) -> int:
     from moemesh.launcher.mesh import Mesh, MeshFailed
 
-    try:
-        cfg = mesh_config(ns, UpConfig)
-        mesh = Mesh(cfg.mesh, cfg.log_dir)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"moemesh up: error: {e}", file=sys.stderr)
-        return 2
+    # a bad flag: one line naming it from moemesh.cli.main, status 2
+    cfg = mesh_config(ns, UpConfig)
+    mesh = Mesh(cfg.mesh, cfg.log_dir)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,6 +1,7 @@
 """`EngineConfig`: everything that shapes one in-process engine, with its defaults written once."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +58,8 @@ class EngineConfig:
             raise ValueError(f"micro_batches must be 1 or 2, got {self.micro_batches}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not math.isfinite(self.capacity_factor):
+            raise ValueError(f"capacity_factor must be a finite number (0 = dropless), got {self.capacity_factor}")
         if self.moe_top_k is not None and self.moe_top_k < 1:
             raise ValueError(f"moe_top_k must be >= 1, got {self.moe_top_k}")
         if self.num_threads is not None and self.num_threads < 1:

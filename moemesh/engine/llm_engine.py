@@ -21,7 +21,7 @@ from moemesh.config import ModelConfig
 from moemesh.engine.config import EngineConfig
 from moemesh.engine.device import DeviceReader, on_device, select_device
 from moemesh.engine.kv_cache import KVCache
-from moemesh.engine.outputs import GenerationResult, StepOutput
+from moemesh.engine.outputs import GenerationResult, StepFailed, StepOutput
 from moemesh.engine.request import Request
 from moemesh.engine.sampler import sample, target_logprobs, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
@@ -31,6 +31,7 @@ from moemesh.models.registry import get_architecture, load_model_config
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.moe.local_experts import LocalExperts
+from moemesh.token_ids import check_token_ids
 
 
 class LLMEngine:
@@ -66,12 +67,8 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        ids = [int(t) for t in prompt_token_ids]
-        params.check_fits(len(ids), self.max_model_len)
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids: token {bad[0]} is outside the vocabulary [0, {vocab})")
+        params.check_fits(len(prompt_token_ids), self.max_model_len)  # the length first: no work on an oversized prompt
+        ids = check_token_ids(prompt_token_ids, self.model_config.vocab_size, "prompt_token_ids")
         total_blocks = self.kv.allocator.num_blocks
         if self.kv.blocks_for(len(ids) + params.max_new_tokens) > total_blocks:
             raise ValueError(
@@ -131,28 +128,41 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        """One step -> an output per sequence that produced a token, finished or failed in it.
+
+        A sequence whose logits or sampling fail gets an output with finish_reason "error" and its
+        `error`, alone. When the model run itself fails (e.g. an expert server is gone), the
+        sequences in the batch are removed and `StepFailed` names them; the others stay."""
         with self._lock, torch.inference_mode(), on_device(self.device):
             outputs, self._pending = self._pending, []
             batch = self.scheduler.schedule()
             if batch.empty:
                 return outputs
-            logits = self._run([self._slice(c) for c in batch.chunks])  # one [rows, V] tensor per chunk
-            done: list[tuple[Request, torch.Tensor]] = []
-            for chunk, rows in zip(batch.chunks, logits):
-                if chunk.request.prompt_logprobs_pending:
-                    add_prompt_logprobs(chunk.request, chunk.start, rows)
-                self.scheduler.commit(chunk)
-                if chunk.completes:
-                    done.append((chunk.request, rows[-1]))
-            if not done:  # only prompt chunks that do not end their prompt
-                return outputs
-            reqs = [r for r, _ in done]
-            last = torch.stack([row for _, row in done])  # [B, V]
-            tokens, lps = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
-            tops = top_logprobs(last, [r.params.top_logprobs for r in reqs])
-            for req, tok, lp, top in zip(reqs, tokens, lps, tops):
-                outputs.append(self._update(req, tok, lp, top))
-            return outputs
+            try:
+                return outputs + self._run_batch(batch)
+            except Exception as exc:
+                for chunk in batch.chunks:
+                    self.scheduler.remove(chunk.request)
+                self._pending = outputs + self._pending  # aborts reported before the failure still go out
+                raise StepFailed(tuple(dict.fromkeys(c.request.request_id for c in batch.chunks)), exc) from exc
+
+    def _run_batch(self, batch) -> list[StepOutput]:
+        logits = self._run([self._slice(c) for c in batch.chunks])  # one [rows, V] tensor per chunk
+        done: list[tuple[Request, torch.Tensor]] = []
+        for chunk, rows in zip(batch.chunks, logits):
+            if chunk.request.prompt_logprobs_pending:
+                add_prompt_logprobs(chunk.request, chunk.start, rows)
+            self.scheduler.commit(chunk)
+            if chunk.completes:
+                done.append((chunk.request, rows[-1]))
+        if not done:  # only prompt chunks that do not end their prompt
+            return []
+        reqs = [r for r, _ in done]
+        last = torch.stack([row for _, row in done])  # [B, V]
+        sampled = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
+        tops = top_logprobs(last, [r.params.top_logprobs for r in reqs])
+        return [self._fail(req, res) if isinstance(res, Exception) else self._update(req, *res, top)
+                for req, res, top in zip(reqs, sampled, tops)]
 
     def _slice(self, chunk: ScheduledChunk) -> SeqSlice:
         req = chunk.request
@@ -173,6 +183,12 @@ class LLMEngine:
             for s, (first, n) in zip(group, meta.logits_rows):
                 by_slice[id(s)] = logits[first : first + n]
         return [by_slice[id(s)] for s in slices]
+
+    def _fail(self, req: Request, error: Exception) -> StepOutput:
+        """`req` failed alone (its logits or sampling): it leaves the batch and frees its blocks."""
+        req.finish_reason = "error"
+        self.scheduler.remove(req)
+        return StepOutput(req.request_id, None, None, True, "error", error=error)
 
     def _update(self, req: Request, token: int, logprob: float, top: list[tuple[int, float]] | None = None) -> StepOutput:
         first = not req.output_token_ids
@@ -219,6 +235,12 @@ class LLMEngine:
                 s = state.get(out.request_id)
                 if s is None:
                     continue
+                if out.error is not None:  # one failed: stop the others, report it
+                    for rid in remaining - {out.request_id}:
+                        self.abort(rid)
+                    with self._lock:
+                        self._pending = [o for o in self._pending if o.request_id not in remaining]
+                    raise out.error
                 if out.token_id is not None:
                     s["tokens"].append(out.token_id)
                     s["logprobs"].append(out.logprob)

@@ -2,6 +2,8 @@
 
 Shape legend: B requests in the step, V vocab.
 Each request samples with its own torch.Generator, so its tokens do not depend on its batch neighbours.
+A row that cannot be sampled (non-finite logits from the model, or a sampling failure) fails that
+request alone: `sample` returns the exception in its place and the other rows are unaffected.
 """
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ from torch import Tensor
 
 from moemesh.engine.sampling_params import SamplingParams
 
+Sampled = tuple[int, float]  # (token id, its log-probability)
+
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
-    """logits [V] float32 (already temperature-scaled) -> [V] with tokens outside top-k / top-p at -inf."""
+    """logits [V] float32 (already temperature-scaled) -> [V] with tokens outside top-k / top-p at -inf.
+    The most likely token always stays (a top_p that rounds to 0 in float32 keeps just it)."""
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -23,24 +28,34 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
         probs = torch.softmax(sorted_logits, dim=-1)
         # Drop a token when the mass of the tokens before it already reaches top_p (the first always stays).
         drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop[0] = False
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     return logits
 
 
 def sample(
     logits: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
-) -> tuple[list[int], list[float]]:
-    """logits [B, V] float32 -> (token id per row, its log-probability under the unmodified distribution)."""
+) -> list[Sampled | Exception]:
+    """logits [B, V] float32 -> per row (token id, its log-probability under the unmodified
+    distribution), or the exception that row failed with: RuntimeError "logits: ..." when the row
+    holds NaN or +inf (its distribution is undefined), "sampling: ..." when drawing from it failed."""
     logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
     tokens = torch.argmax(logits, dim=-1)  # [B]
+    broken = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) | torch.isneginf(logits).all(dim=-1)  # [B]
+    failed: dict[int, Exception] = {}
+    for b in broken.nonzero()[:, 0].tolist():
+        failed[b] = RuntimeError("logits: the model computed NaN or infinite logits for this sequence")
     for b, (p, gen) in enumerate(zip(params, generators)):
-        if p.greedy:
+        if p.greedy or b in failed:
             continue
-        row = filter_logits(logits[b] / p.temperature, p.top_k, p.top_p)
-        probs = torch.softmax(row, dim=-1)
-        tokens[b] = torch.multinomial(probs, 1, generator=gen)[0]
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]  # [B]
-    return tokens.tolist(), chosen.tolist()
+        try:
+            row = filter_logits(logits[b] / p.temperature, p.top_k, p.top_p)
+            tokens[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)[0]
+        except RuntimeError as exc:
+            failed[b] = RuntimeError(f"sampling: drawing the next token failed ({exc})")
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()  # [B]
+    ids = tokens.tolist()
+    return [failed[b] if b in failed else (ids[b], chosen[b]) for b in range(len(ids))]
 
 
 def top_logprobs(logits: Tensor, ks: Sequence[int]) -> list[list[tuple[int, float]] | None]:

@@ -195,7 +195,8 @@ class Mesh:
             try:
                 wait_serving(address, self.spec.start_timeout_s, alive=lambda c=child: c.poll() is None, rpc=self.rpc)
             except (ChildExited, TimeoutError) as exc:
-                raise MeshFailed(f"{child.name} did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
+                last = child.log_tail(1).strip() or "no output"
+                raise MeshFailed(f"{child.name} did not start ({exc}): {last} (log: {child.log_path})") from exc
 
     def start(self) -> tuple[str, str]:
         """Starts every service; returns (router, control) addresses. On failure stops what started."""
@@ -250,7 +251,8 @@ class Mesh:
         try:
             wait_http_ok(f"http://{self.http_addr}/health", s.start_timeout_s, alive=lambda: child.poll() is None)
         except (ChildExited, TimeoutError) as exc:
-            raise MeshFailed(f"gateway did not start ({exc}); last log lines:\n{child.log_tail()}") from exc
+            last = child.log_tail(1).strip() or "no output"
+            raise MeshFailed(f"gateway did not start ({exc}): {last} (log: {child.log_path})") from exc
 
     def supervise(self, stop: threading.Event, policy: RestartPolicy = RestartPolicy(), poll_s: float = 0.2,
                   report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[str]:

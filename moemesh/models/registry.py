@@ -34,17 +34,18 @@ def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = 
     """The `ModelConfig` of a parsed `config.json` (+ `generation_config.json`); ConfigError names
     what is missing or malformed."""
     archs = raw.get("architectures") or []
-    if not archs:
-        raise ConfigError("config.json has no 'architectures' entry")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise ConfigError(f"config.json: 'architectures' must be a list naming the architecture, got {archs!r}")
     spec = get_architecture(archs[0])
     try:
         return spec.parse_config(raw, generation or {})
     except KeyError as e:
         raise ConfigError(f"config.json for {archs[0]} lacks the field {e.args[0]!r}") from e
-    except (TypeError, ValueError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"config.json for {archs[0]} has a malformed field: {e}") from e
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as e:
+        # a field of the wrong type or value (a list where a number goes, 0 heads, ...)
+        raise ConfigError(f"config.json for {archs[0]} has a malformed field: {type(e).__name__}: {e}") from e
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:

@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from moemesh.errors import USAGE_ERRORS, ServiceFailed
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.security import Credential, RequireCredential, SyncMetadata, aio_interceptors, mesh_token_credential
 
@@ -46,12 +47,17 @@ class MeshServer:
     """A `grpc.aio.Server` (start/stop/wait_for_termination) with health, the credential check and,
     with `cfg.health_port`, a plaintext server of the health service alone (for probes)."""
 
-    def __init__(self, cfg: RpcConfig, services: tuple[Service, ...], credential: Credential):
+    def __init__(self, cfg: RpcConfig, services: tuple[Service, ...], credential: Credential,
+                 max_receive_bytes: int | None = None):
         self.cfg = cfg
         self.credential = credential
         self.service_names = tuple(s.name for s in services)
+        options = cfg.server_options()
+        if max_receive_bytes is not None:  # a tighter bound for this server (gRPC refuses longer messages unread)
+            limit = min(max_receive_bytes, cfg.max_message_bytes)
+            options = [(k, limit if k == "grpc.max_receive_message_length" else v) for k, v in options]
         interceptors = [RequireCredential(credential)] if credential.secret else []
-        self.server = grpc.aio.server(options=cfg.server_options(), interceptors=interceptors)
+        self.server = grpc.aio.server(options=options, interceptors=interceptors)
         self.health = health.aio.HealthServicer()
         self.health_server: grpc.aio.Server | None = None
         self.health_port = 0
@@ -112,15 +118,17 @@ class MeshServer:
         return await self.server.wait_for_termination(timeout)
 
 
-def build_server(cfg: RpcConfig, *services: Service, credential: Credential | None = None) -> MeshServer:
-    """A server with `services`, health, reflection and cfg's message limits and keepalive, requiring
-    `credential` of every call but the health checks (default: the mesh token of `cfg.security`;
-    ValueError when there is none and `insecure_no_auth` is not set). Build it on the event loop
-    that will run it (inside a coroutine, or before `asyncio.run` ends)."""
+def build_server(cfg: RpcConfig, *services: Service, credential: Credential | None = None,
+                 max_receive_bytes: int | None = None) -> MeshServer:
+    """A server with `services`, health, reflection and cfg's message limits (received messages
+    bounded further by `max_receive_bytes` when given) and keepalive, requiring `credential` of
+    every call but the health checks (default: the mesh token of `cfg.security`; ValueError when
+    there is none and `insecure_no_auth` is not set). Build it on the event loop that will run it
+    (inside a coroutine, or before `asyncio.run` ends)."""
     if credential is None:
         cfg.security.require_token()
         credential = mesh_token_credential(cfg.security)
-    return MeshServer(cfg, services, credential)
+    return MeshServer(cfg, services, credential, max_receive_bytes)
 
 
 def _check_address(address: str) -> None:
@@ -174,12 +182,27 @@ def print_ready(service: str, address: str, **extra: object) -> None:
     print(f"moemesh {service}_svc: serving {address}{fields}", flush=True)
 
 
-def serve_process(main: Callable[[asyncio.Event], Awaitable[None]]) -> NoReturn:
+def serve_process(main: Callable[[asyncio.Event], Awaitable[None]], prog: str = "moemesh service") -> NoReturn:
     """A service process (`python -m x_svc`, `moemesh serve x`): logs to stderr, runs `main(stop)`
-    until SIGTERM/SIGINT sets `stop` (main then drains and returns), then ends the process."""
+    until SIGTERM/SIGINT sets `stop` (main then drains and returns), then ends the process.
+    Exit status: 0 after a drain; 2 when it could not start for a bad flag, file or value
+    (`USAGE_ERRORS`); 1 when it failed (`ServiceFailed`: restart it) or broke. An error is one line
+    on stderr, `{prog}: error: ...`, never a traceback."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    run_service(main)
-    exit_process(0)
+    try:
+        run_service(main)
+    except ServiceFailed as exc:
+        code, text = 1, str(exc)
+    except USAGE_ERRORS as exc:
+        code, text = 2, str(exc) or type(exc).__name__
+    except grpc.RpcError as exc:  # a call the service depends on failed
+        code, text = 1, f"{exc.code().name}: {exc.details()}" if hasattr(exc, "code") else str(exc)
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback; the supervisor restarts it
+        code, text = 1, f"{type(exc).__name__}: {exc}"
+    else:
+        exit_process(0)
+    print(f"{prog}: error: {' '.join(text.split())}", file=sys.stderr, flush=True)
+    exit_process(code)
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

@@ -14,6 +14,8 @@ from moemesh.tokenizer.tokenizer import Tokenizer
 REPLACEMENT = "\ufffd"
 # How many prompt tokens seed the decode window (enough context for spaces and merges).
 PROMPT_WINDOW = 5
+# A UTF-8 character spans at most 4 tokens: the window may move back 3 more past a split one.
+MAX_CHAR_TOKENS = 4
 
 
 class IncrementalDetokenizer:
@@ -22,17 +24,15 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
-        self._ids: list[int] = [int(i) for i in prompt_ids]
+        # Only the prompt's tail is ever decoded: a long prompt is not copied.
+        self._ids: list[int] = [int(i) for i in prompt_ids[len(prompt_ids) - PROMPT_WINDOW - MAX_CHAR_TOKENS:]] \
+            if len(prompt_ids) > PROMPT_WINDOW + MAX_CHAR_TOKENS else [int(i) for i in prompt_ids]
         self._read = len(self._ids)
         self._prefix = max(0, self._read - PROMPT_WINDOW)
         # Move the window start back past a split UTF-8 character, so the window decodes cleanly.
         while self._prefix > 0 and self._decode(self._prefix, self._read).startswith(REPLACEMENT):
             self._prefix -= 1
         self.text = ""  # everything emitted so far
-
-    @property
-    def token_ids(self) -> list[int]:
-        return list(self._ids)
 
     def _decode(self, start: int, end: int | None = None) -> str:
         return self._tok.decode(self._ids[start:end], skip_special_tokens=self._skip)

@@ -23,6 +23,7 @@ class Tokenizer:
     def __init__(self, backend: Any, config: TokenizerConfig) -> None:
         self._backend = backend
         self.config = config
+        self._max_token_bytes: int | None = None
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.bos_token_id: int | None = self._special_id("bos_token", config.generation_bos_token_id)
         self.pad_token_id: int | None = self._special_id("pad_token", None)
@@ -79,10 +80,29 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._backend.id_to_token(token_id)
 
+    @property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes of any vocabulary entry (added tokens included): no token of an
+        encoding stands for more bytes of normalized text (byte-level entries over-count)."""
+        if self._max_token_bytes is None:
+            vocab = self._backend.get_vocab(with_added_tokens=True)
+            self._max_token_bytes = max((len(t.encode("utf-8")) for t in vocab), default=1)
+        return self._max_token_bytes
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether tokenizer.json has a normalizer (text may change length before it is tokenized)."""
+        return self._backend.normalizer is not None
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`. Runs mostly without holding the GIL, so a long text encoded on a
+        worker thread does not stall an event loop: the batch API of `tokenizers` releases it (the
+        single-text one does not), and its fast variant skips the character offsets, whose encoding
+        object is also slow to free (with the GIL held)."""
         if not isinstance(text, str):
             raise ValueError(f"text must be a string, got {type(text).__name__}")
-        ids = list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+        ids = batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and self._prepend_bos:
             ids.insert(0, self.bos_token_id)
         if add_special_tokens and self._append_eos_id is not None:

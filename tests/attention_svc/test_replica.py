@@ -1,4 +1,5 @@
 import asyncio
+import math
 
 import pytest
 
@@ -74,6 +75,10 @@ def test_abort_ends_the_stream_with_abort(tiny_model_dir):
             if len(outs) == 2:
                 assert replica.abort("a") is True
         assert replica.abort("a") is False
+        for _ in range(100):  # the stream ended at once; the engine frees the blocks at the loop's next turn
+            if engine.num_free_blocks == engine.kv.allocator.num_blocks and not engine.has_unfinished():
+                break
+            await asyncio.sleep(0.01)
         return outs
 
     outs = asyncio.run(with_replica(engine, body))
@@ -90,7 +95,11 @@ def test_abort_ends_the_stream_with_abort(tiny_model_dir):
         ((5,), {"max_new_tokens": 0}, "INVALID_ARGUMENT", "max_new_tokens"),
         ((5,), {"temperature": -1.0}, "INVALID_ARGUMENT", "temperature"),
         ((5,), {"top_p": 1.5}, "INVALID_ARGUMENT", "top_p"),
-        ((5, 9999), {}, "INVALID_ARGUMENT", "prompt_token_ids"),
+        ((5, 9999), {}, "INVALID_ARGUMENT", "prompt_token_ids[1]"),
+        ((5,), {"temperature": math.nan}, "INVALID_ARGUMENT", "temperature"),
+        ((5,), {"temperature": math.inf}, "INVALID_ARGUMENT", "temperature"),
+        ((5,), {"top_p": math.nan}, "INVALID_ARGUMENT", "top_p"),
+        ((5,), {"top_p": -math.inf}, "INVALID_ARGUMENT", "top_p"),
     ],
 )
 def test_bad_sequences_are_refused_and_the_replica_keeps_serving(tiny_model_dir, prompt, sampling, code, field):
@@ -113,3 +122,19 @@ def test_unset_max_new_tokens_is_capped_by_the_context(tiny_model_dir):
     params = replica.sampling_params(SequenceRequest("x", (5,) * 250, {}))
     assert params.max_new_tokens == 256 - 250
     replica.loop.close()
+
+
+def test_underflowing_sampling_values_are_greedy_and_fail_nobody(tiny_model_dir):
+    """Issue 16: temperature 1e-300 (or top_p 1e-300) used to fail every stream batched with it."""
+    engine = make_engine(tiny_model_dir)
+    greedy = engine.generate([(5, 6, 7)], SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True))[0].token_ids
+
+    async def body(replica):
+        reqs = [SequenceRequest("tiny-t", (5, 6, 7), {"max_new_tokens": 6, "temperature": 1e-300, "ignore_eos": True}),
+                SequenceRequest("tiny-p", (5, 6, 7), {"max_new_tokens": 6, "top_p": 1e-300, "seed": 4, "ignore_eos": True}),
+                SequenceRequest("mate", (8, 9), {"max_new_tokens": 6, "temperature": 0.9, "seed": 2, "ignore_eos": True})]
+        return await asyncio.gather(*(tokens_of(replica, r) for r in reqs))
+
+    tiny_t, tiny_p, mate = asyncio.run(with_replica(engine, body))
+    assert [o.token_id for o in tiny_t] == greedy and [o.token_id for o in tiny_p] == greedy
+    assert len(mate) == 6 and mate[-1].finish_reason == "length"

@@ -159,6 +159,28 @@ def test_abort_ends_the_stream_with_abort(stub):
     assert not stub.Abort(gen_pb.AbortRequest(request_id="to-abort"), timeout=10).found
 
 
+def test_a_request_id_is_reusable_right_after_a_client_cancel(stub):
+    """Issue 16: ALREADY_EXISTS for up to ~1 s after a cancel."""
+    for i in range(20):
+        rid = f"reuse-{i}"
+        call = stub.Generate(build_request(request_id=rid, prompt_token_ids=[5, 6], max_new_tokens=250, ignore_eos=True), timeout=60)
+        next(call)
+        call.cancel()
+        again = collect(stub, request_id=rid, prompt_token_ids=[5, 6], max_new_tokens=2)
+        assert again[-1].finish_reason in ("length", "stop")
+
+
+def test_a_request_id_is_reusable_as_soon_as_abort_returns(stub):
+    for i in range(20):
+        rid = f"reabort-{i}"
+        call = stub.Generate(build_request(request_id=rid, prompt_token_ids=[5], max_new_tokens=250, ignore_eos=True), timeout=60)
+        next(call)
+        assert stub.Abort(gen_pb.AbortRequest(request_id=rid), timeout=10).found
+        again = collect(stub, request_id=rid, prompt_token_ids=[5, 6], max_new_tokens=2)
+        assert again[-1].finish_reason in ("length", "stop")
+        assert list(call)[-1].finish_reason == "abort"
+
+
 def test_stop_string_truncates_and_stops(stub):
     full = collect(stub, prompt="Hello there", max_new_tokens=24, temperature=0.0, ignore_eos=True)
     text = "".join(r.text for r in full)

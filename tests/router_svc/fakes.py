@@ -21,11 +21,14 @@ class FakeAttention:
         self.specs = []
         self.closed_early = []  # request ids whose stream was closed before finishing
         self.aborted = []
-        self._abort_events: dict[str, asyncio.Event] = {}
+        self._abort_events: dict[str, asyncio.Event] = {}  # by sequence id
+        self._client_ids: dict[str, str] = {}  # sequence id -> the client's request id
 
     async def generate(self, spec, timeout):
         self.specs.append(spec)
-        ev = self._abort_events.setdefault(spec.request_id, asyncio.Event())
+        seq = spec.sequence_id or spec.request_id  # the replica's id of the sequence
+        self._client_ids[seq] = spec.request_id
+        ev = self._abort_events[seq] = asyncio.Event()
         done = False
         try:
             for i, t in enumerate(self.tokens):
@@ -45,12 +48,13 @@ class FakeAttention:
                 )
             done = True
         finally:
+            self._abort_events.pop(seq, None)
             if not done:
                 self.closed_early.append(spec.request_id)
 
-    async def abort(self, request_id):
-        self.aborted.append(request_id)
-        ev = self._abort_events.get(request_id)
+    async def abort(self, sequence_id):
+        self.aborted.append(self._client_ids.get(sequence_id, sequence_id))  # recorded under the client's id
+        ev = self._abort_events.get(sequence_id)
         if ev is None:
             return False
         ev.set()

@@ -77,7 +77,7 @@ def test_abort_reaches_the_replica(info, tokenizer):
 
 
 def test_duplicate_running_request_id_is_refused(info, tokenizer):
-    fake = FakeAttention(range(10, 200), delay_s=0.002)
+    fake = FakeAttention(range(10, 2000), delay_s=0.002)  # runs past the grace a new call with its id waits
     router = make_router(info, tokenizer, fake)
 
     async def main():
@@ -140,3 +140,41 @@ def test_all_replicas_unavailable_is_unavailable(info, tokenizer):
     with pytest.raises(MeshError) as e:
         asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_an_aborted_request_id_is_free_as_soon_as_abort_returns(info, tokenizer):
+    fake = FakeAttention(range(10, 200), delay_s=0.005)
+    router = make_router(info, tokenizer, fake)
+
+    async def main():
+        first = asyncio.create_task(collect(router, GenerationInput(request_id="x", prompt_token_ids=(5,))))
+        await asyncio.sleep(0.03)
+        assert await router.abort("x") is True
+        second = asyncio.create_task(collect(router, GenerationInput(request_id="x", prompt_token_ids=(5,))))
+        first_items = await first  # ending the first must not free the second's id
+        await asyncio.sleep(0.03)
+        assert await router.abort("x") is True
+        return first_items, await second
+
+    first, second = asyncio.run(main())
+    assert first[-1].finish_reason == "abort" and second[-1].finish_reason == "abort"
+    assert router._placed == {}
+
+
+@pytest.mark.parametrize("code, message", [
+    (grpc.StatusCode.INTERNAL, "logits: the model computed NaN or infinite logits for this sequence"),
+    (grpc.StatusCode.INVALID_ARGUMENT, "temperature: must be a finite number >= 0"),
+])
+def test_a_sequence_failing_alone_does_not_mark_its_replica_unavailable(info, tokenizer, code, message):
+    """Only UNAVAILABLE (a replica going away, a failed expert call) takes a replica out of rotation."""
+    class Failing(FakeAttention):
+        async def generate(self, spec, timeout):
+            raise MeshError(code, message)
+            yield
+
+    replicas = ReplicaSet([Replica("a", Failing([], address="a")), Replica("b", FakeAttention([10, 11], address="b"))])
+    router = Router(info, replicas, Admission(4, 4), tokenizer)
+    with pytest.raises(MeshError) as e:
+        asyncio.run(collect(router, GenerationInput(prompt_token_ids=(5,))))
+    assert (e.value.code, e.value.message) == (code, message)
+    assert all(r.available for r in replicas.replicas)

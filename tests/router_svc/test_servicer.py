@@ -18,10 +18,10 @@ def test_unset_sampling_fields_stay_unset_and_zero_temperature_is_kept():
 
 
 def test_each_input_kind_translates():
-    assert to_input(build_request(prompt_token_ids=[1, 2])).prompt_token_ids == (1, 2)
+    assert list(to_input(build_request(prompt_token_ids=[1, 2])).prompt_token_ids) == [1, 2]
     msgs = to_input(build_request(messages=[("system", "be brief"), ("user", "hi")])).messages
     assert [(m.role, m.content) for m in msgs] == [("system", "be brief"), ("user", "hi")]
-    assert to_input(build_request(prompt="x", stop=["a", "b"], request_id="r")).stop == ("a", "b")
+    assert list(to_input(build_request(prompt="x", stop=["a", "b"], request_id="r")).stop) == ["a", "b"]
 
 
 def test_malformed_bytes_are_invalid_argument():

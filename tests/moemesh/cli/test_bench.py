@@ -43,4 +43,4 @@ def test_poisson_arrivals_are_spread_out():
 
 def test_bad_workload_is_an_error(capsys):
     assert main(["bench", "--addr", "127.0.0.1:1", "--num-requests", "0"]) == 2
-    assert "num_requests must be >= 1" in capsys.readouterr().err
+    assert "--num-requests must be in [1, " in capsys.readouterr().err

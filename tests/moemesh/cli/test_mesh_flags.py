@@ -29,30 +29,35 @@ def test_each_command_has_the_mesh_flags(command, public, capsys):
     assert "--host" not in out and "--grace" not in out  # the launcher's own
 
 
-def test_defaults_are_meshspecs(monkeypatch):
+def test_defaults_are_meshspecs(monkeypatch, tiny_model_dir):
     monkeypatch.delenv("MOEMESH_API_KEY", raising=False)
-    cfg = mesh_config(build_parser().parse_args(["up", "--model", "/m"]), UpConfig)
-    assert cfg.mesh == MeshSpec(model_dir="/m") and cfg.log_dir is None
+    m = str(tiny_model_dir)
+    cfg = mesh_config(build_parser().parse_args(["up", "--model", m]), UpConfig)
+    assert cfg.mesh == MeshSpec(model_dir=m) and cfg.log_dir is None
 
 
-def test_flags_reach_the_spec(monkeypatch):
+def test_flags_reach_the_spec(monkeypatch, tiny_model_dir):
     monkeypatch.setenv("MOEMESH_API_KEY", "from-the-environment-0123")
-    ns = build_parser().parse_args(["up", "--model", "/m", "--expert-servers", "3", "--attention-replicas", "2", "--experts-dtype",
+    m = str(tiny_model_dir)
+    ns = build_parser().parse_args(["up", "--model", m, "--expert-servers", "3", "--attention-replicas", "2", "--experts-dtype",
                                     "fp8", "--transport", "dist", "--port", "8100", "--http-port", "0", "--start-timeout", "30",
                                     "--attention-threads", "1", "--no-prefix-cache", "--max-num-batched-tokens", "64",
                                     "--no-all-experts-path", "--log-dir", "/tmp/logs"])
     cfg = mesh_config(ns, UpConfig)
-    assert cfg.mesh == MeshSpec(model_dir="/m", expert_servers=3, attention_replicas=2, experts_dtype="fp8", transport="dist",
+    assert cfg.mesh == MeshSpec(model_dir=m, expert_servers=3, attention_replicas=2, experts_dtype="fp8", transport="dist",
                                 port=8100, http_port=0, start_timeout_s=30.0, attention_threads=1, prefix_cache=False,
                                 max_num_batched_tokens=64, all_experts_path=False, api_key="from-the-environment-0123")
     assert cfg.log_dir == "/tmp/logs"
-    assert mesh_config(build_parser().parse_args(["up", "--model", "/m", "--api-key", "on-the-command-line"]), UpConfig).mesh.api_key \
+    assert mesh_config(build_parser().parse_args(["up", "--model", m, "--api-key", "on-the-command-line"]), UpConfig).mesh.api_key \
         == "on-the-command-line"
 
 
 @pytest.mark.parametrize("argv, message", [(["--expert-servers", "0"], "expert_servers must be >= 1"),
                                            (["--expert-servers", "two"], "--expert-servers"),
-                                           (["--experts-dtype", "int3"], "experts_dtype")])
+                                           (["--experts-dtype", "int3"], "experts_dtype"),
+                                           (["--start-timeout", "0"], "--start-timeout"),
+                                           (["--attention-threads", "-1"], "--attention-threads"),
+                                           ([], "--model: model directory '/m' does not exist")])
 def test_bad_values_name_the_field(argv, message):
     ns = build_parser().parse_args(["bench", "--model", "/m", *argv])
     with pytest.raises(ValueError, match=message):

@@ -21,7 +21,7 @@ def test_each_service_has_its_config_flags(service, flag, capsys):
 def test_bad_config_is_an_error_naming_the_field(capsys, monkeypatch):
     monkeypatch.setenv("MOEMESH_MESH_TOKEN", TEST_TOKEN)  # the token is fine: the port is what is wrong
     assert main(["serve", "router", "--port", "99999"]) == 2
-    assert "port must be in [0, 65535]" in capsys.readouterr().err
+    assert "--port (or env MOEMESH_ROUTER_PORT) must be in [0, 65535]" in capsys.readouterr().err
 
 
 def test_missing_model_dir_is_an_error(capsys):
@@ -33,7 +33,7 @@ def test_env_overrides_apply(monkeypatch, capsys):
     monkeypatch.setenv("MOEMESH_MESH_TOKEN", TEST_TOKEN)
     monkeypatch.setenv("MOEMESH_ROUTER_MAX_RUNNING", "0")
     assert main(["serve", "router"]) == 2
-    assert "max_running must be >= 1" in capsys.readouterr().err
+    assert "--max-running (or env MOEMESH_ROUTER_MAX_RUNNING) must be >= 1" in capsys.readouterr().err
 
 
 def test_gateway_needs_the_router(capsys):

@@ -158,7 +158,7 @@ def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
     out = subprocess.run([sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(tiny_model_dir), "--expert-servers", "0"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert "expert_servers must be >= 1" in out.stderr
+    assert "--expert-servers must be >= 1" in out.stderr
 
 
 KEY = "gateway-and-router-key-0123"  # the API key guards both public doors

@@ -14,7 +14,8 @@ def test_top_k_and_top_p_filters():
 
 def test_greedy_and_logprobs():
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 0.0]])
-    tokens, lps = sample(logits, [SamplingParams(temperature=0)] * 2, [None, None])
+    (t0, lp0), (t1, lp1) = sample(logits, [SamplingParams(temperature=0)] * 2, [None, None])
+    tokens, lps = [t0, t1], [lp0, lp1]
     assert tokens == [1, 0]
     torch.testing.assert_close(torch.tensor(lps), torch.log_softmax(logits, -1)[[0, 1], [1, 0]])
 
@@ -26,11 +27,25 @@ def test_seeded_sampling_is_reproducible_and_row_independent():
 
     def draw(rows):
         gens = [torch.Generator().manual_seed(1) for _ in rows]
-        return sample(logits[rows], [p] * len(rows), gens)[0]
+        return [tok for tok, _ in sample(logits[rows], [p] * len(rows), gens)]
 
     alone = draw([2])
     with_neighbours = draw([0, 1, 2])
     assert with_neighbours[2] == alone[0]
+
+
+def test_top_p_rounding_to_zero_keeps_the_top_token():
+    logits = torch.log(torch.tensor([0.2, 0.5, 0.3]))
+    for top_p in (1e-300, 1e-46, 5e-324):
+        assert torch.isinf(filter_logits(logits, 0, top_p)).tolist() == [True, False, True]
+
+
+def test_a_row_with_nan_or_inf_logits_fails_alone():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [float("nan"), 0.0, 0.0], [float("inf"), 0.0, 0.0], [float("-inf")] * 3])
+    out = sample(logits, [SamplingParams(temperature=0.7, seed=1)] * 4, [torch.Generator().manual_seed(1) for _ in range(4)])
+    assert out[0][0] in (0, 1, 2)
+    for failed in out[1:]:
+        assert isinstance(failed, RuntimeError) and str(failed).startswith("logits: ")
 
 
 def test_target_logprobs_pick_each_rows_target():
