@@ -270,6 +270,7 @@ def start_server_process(tiny_model_dir):
     return proc, words[3], words[4].removeprefix("dist=")
 
 
+@pytest.mark.slow  # expert servers as processes
 def test_dist_transport_across_processes(tiny_model_dir, loop):
     """Two expert server processes on loopback, tensors over gloo pair groups."""
     cfg, weights = all_weights(tiny_model_dir)
@@ -296,6 +297,7 @@ def test_dist_transport_across_processes(tiny_model_dir, loop):
                 raise
 
 
+@pytest.mark.slow  # an expert server as a process
 def test_dist_link_to_a_killed_server_fails_fast(tiny_model_dir, loop):
     """SIGKILL while the link is idle: the next call fails UNAVAILABLE (failover's cue), not after a
     timeout, and so does the one after it (which tries to open a new link)."""

@@ -89,6 +89,7 @@ def stop(proc, timeout_s=20):
         raise
 
 
+@pytest.mark.slow  # an expert server as a process
 def test_sigterm_drains_and_deregisters_an_expert_server_process(tiny_model_dir, loop):
     control, words = spawn(["control_svc", "--model-dir", str(tiny_model_dir), "--expected-expert-servers", "1"])
     control_addr = words[3]

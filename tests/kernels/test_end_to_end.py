@@ -182,6 +182,7 @@ def test_float32_checkpoint_computes_in_float32_on_the_dequantized_weights(tiny,
     assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
 
+@pytest.mark.slow  # `moemesh run` as a process
 def test_moemesh_run_experts_dtype_flag(tiny):
     import subprocess
     import sys

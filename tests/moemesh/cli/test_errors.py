@@ -233,6 +233,7 @@ def test_a_mesh_that_cannot_be_reached_is_one_line_status_1(capsys):
     (["serve", "control", "--model-dir", "{missing}"], "{missing}"),
     (["serve", "router", "--attention", "127.0.0.1:1", "--connect-timeout-s", "1"], "replica 127.0.0.1:1"),
 ])
+@pytest.mark.slow  # a service as a process
 def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path, broken, argv, needle):
     subs = {"missing": str(tmp_path / "missing"), "list": str(broken["list"])}
     argv = [a.format(**subs) for a in argv]

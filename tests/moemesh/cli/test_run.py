@@ -22,6 +22,7 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # `moemesh run` as a process
 def test_json_with_prompt_ids_matches_engine(tiny_ckpt):
     path, _ = tiny_ckpt("mixtral")
     proc = run_cli("--model", str(path), "--prompt-ids", "5,17,301,42", "--max-new-tokens", "6", "--json")
@@ -37,6 +38,7 @@ def test_json_with_prompt_ids_matches_engine(tiny_ckpt):
     assert out["prompt_logprobs"][0] is None and out["prompt_logprobs"][1:] == pytest.approx(ref.prompt_logprobs[1:], abs=1e-6)
 
 
+@pytest.mark.slow  # `moemesh run` as a process
 def test_chat_prompt_streams_text_and_json_agrees(tiny_model_dir):
     proc = run_cli("--model", str(tiny_model_dir), "--prompt", "Hello there", "--max-new-tokens", "8", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -66,6 +68,7 @@ def test_chat_prompt_streams_text_and_json_agrees(tiny_model_dir):
         (["--prompt-ids", "1,2", "--device", "gpu"], "device"),
     ],
 )
+@pytest.mark.slow  # `moemesh run` as a process
 def test_bad_input_is_one_clear_line(tiny_ckpt, args, needle):
     path, _ = tiny_ckpt("mixtral")
     full = args if "--model" in args else ["--model", str(path), *args]
@@ -76,6 +79,7 @@ def test_bad_input_is_one_clear_line(tiny_ckpt, args, needle):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # `moemesh run` as a process
 def test_unknown_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"]}))
     proc = run_cli("--model", str(tmp_path), "--prompt-ids", "1")

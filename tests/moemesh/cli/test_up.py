@@ -13,6 +13,8 @@ import pytest
 
 from tests.fixtures.services import assert_same_generation, attention_load, generate_json, run_json
 
+pytestmark = pytest.mark.slow  # `moemesh up` as a process: a mesh of service processes
+
 LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+)$")
 HTTP_LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+) http=(127\.0\.0\.1:\d+)$")
 
