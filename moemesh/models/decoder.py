@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from moemesh.checkpoint import CheckpointReader
-from moemesh.checkpoint.progress import load_progress
+from moemesh.checkpoint.progress import load_layers
 from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
@@ -62,11 +62,7 @@ class MoeDecoderLM:
         self.dtype = dtype
         h, v = cfg.hidden_size, cfg.vocab_size
         embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
-        self.layers: list[DecoderLayer] = []
-        with load_progress(cfg.num_layers, "loading layers") as bar:
-            for layer in range(cfg.num_layers):
-                self.layers.append(self._load_layer(reader, layer))
-                bar.update(1)
+        self.layers: list[DecoderLayer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
         if cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
             # Tied: the LM head is the step's largest matrix (the demo's 49152 x 576 is a fifth of its
