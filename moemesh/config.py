@@ -50,6 +50,9 @@ class ModelConfig:
     torch_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # image/video placeholder tokens of a multimodal checkpoint whose language model is served alone:
+    # a prompt holding one stands for an image this server cannot take, and is refused
+    media_token_ids: tuple[int, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

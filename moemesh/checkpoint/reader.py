@@ -1,6 +1,7 @@
 """`CheckpointReader`: reads named tensors from a Hugging Face safetensors checkpoint on demand.
 
-Files are opened with `safetensors.safe_open` (memory-mapped); only requested tensors are read.
+Files are opened with `safetensors.safe_open` (memory-mapped); only requested tensors are read. The
+language model of a multimodal checkpoint is also readable under the causal-LM names (nesting.py).
 """
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import torch
 from safetensors import safe_open
 
 from moemesh.checkpoint.errors import CheckpointError
+from moemesh.checkpoint.nesting import language_model_aliases
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+SCALED_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # stored values that need a scale to mean a weight
 
 
 class CheckpointReader:
@@ -28,6 +31,8 @@ class CheckpointReader:
             raise CheckpointError(f"config.json not found in {str(self.model_dir)!r}")
         self._handles: dict[str, Any] = {}  # shard file name -> open safetensors handle
         self._weight_map = self._read_weight_map()
+        self._stored = language_model_aliases(self._weight_map)  # causal-LM name -> stored name
+        self._weight_map.update({alias: self._weight_map[name] for alias, name in self._stored.items()})
 
     def _read_weight_map(self) -> dict[str, str]:
         index = self.model_dir / INDEX_FILE
@@ -63,7 +68,7 @@ class CheckpointReader:
         return name in self._weight_map
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._open(self._shard_of(name)).get_slice(name).get_shape())
+        return tuple(self._open(self._shard_of(name)).get_slice(self._stored.get(name, name)).get_shape())
 
     def _shard_of(self, name: str) -> str:
         shard = self._weight_map.get(name)
@@ -80,9 +85,15 @@ class CheckpointReader:
             if got != expected:
                 raise CheckpointError(f"tensor {name!r} has shape {list(got)}, expected {list(expected)}")
         try:
-            t = self._open(shard).get_tensor(name)
+            t = self._open(shard).get_tensor(self._stored.get(name, name))
         except CheckpointError:
             raise
         except Exception as e:
             raise CheckpointError(f"cannot read tensor {name!r} from {shard!r} (corrupt file?): {e}") from e
+        if dtype is not None and t.dtype != dtype and t.dtype in SCALED_DTYPES:
+            # an FP8 value means nothing without its scale; fp8_dequant reads the scaled ones as stored
+            raise CheckpointError(
+                f"tensor {name!r} is stored as {t.dtype} and read as {dtype} with no scale; the checkpoint's "
+                "quantization_config does not declare the format that holds its scale"
+            )
         return t if dtype is None or t.dtype == dtype else t.to(dtype)

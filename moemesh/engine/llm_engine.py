@@ -22,6 +22,7 @@ from moemesh.engine.config import EngineConfig
 from moemesh.engine.device import DeviceReader, on_device, select_device
 from moemesh.engine.kv_cache import KVCache
 from moemesh.engine.outputs import GenerationResult, StepFailed, StepOutput
+from moemesh.engine.recurrent_state import RecurrentStateStore
 from moemesh.engine.request import Request
 from moemesh.engine.sampler import sample, target_logprobs, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
@@ -56,11 +57,20 @@ class LLMEngine:
         # A model holding per-sequence state beside the KV cache (recurrent layers) sets
         # `supports_prefix_cache = False`: its cache hits would skip the state the skipped tokens make.
         self.prefix_caching = config.prefix_cache and getattr(self.model, "supports_prefix_cache", True)
+        # ... and declares that state: one slot per running sequence, its layers need no KV blocks.
+        self.state = None
+        if hasattr(self.model, "recurrent_state_spec"):
+            self.state = RecurrentStateStore(self.model.recurrent_state_spec(), config.max_num_seqs, self.dtype, self.device)
+        stateful = self.state.layers if self.state is not None else {}
         self.kv = KVCache(
             cfg.num_layers, num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
-            prefix_caching=self.prefix_caching,
+            prefix_caching=self.prefix_caching, skip_layers=stateful.keys(),
         )
-        self.scheduler = Scheduler(self.kv.allocator, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)
+        self.caches = [stateful.get(i, kv) for i, kv in enumerate(self.kv.layers)]  # what each layer reads and writes
+        self.scheduler = Scheduler(
+            self.kv.allocator, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
+            self.state.slots if self.state is not None else None,
+        )
         self.knobs = MoeKnobs(top_k=config.moe_top_k, capacity_factor=config.capacity_factor)
         self._lock = threading.RLock()
         self._pending: list[StepOutput] = []  # abort outputs handed out by the next step()
@@ -69,6 +79,13 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         params.check_fits(len(prompt_token_ids), self.max_model_len)  # the length first: no work on an oversized prompt
         ids = check_token_ids(prompt_token_ids, self.model_config.vocab_size, "prompt_token_ids")
+        media = self.model_config.media_token_ids
+        at = next((i for i, t in enumerate(ids) if t in media), None) if media else None
+        if at is not None:
+            raise ValueError(
+                f"prompt_token_ids[{at}]: {ids[at]} is an image/video placeholder of {self.model_config.architecture}; "
+                "this server runs its language model only and takes no image or video input"
+            )
         total_blocks = self.kv.allocator.num_blocks
         if self.kv.blocks_for(len(ids) + params.max_new_tokens) > total_blocks:
             raise ValueError(
@@ -169,14 +186,14 @@ class LLMEngine:
         logits = "last" if chunk.completes else "none"
         if req.prompt_logprobs_pending and chunk.start < len(req.prompt_token_ids) - 1:
             logits = "all"
-        return SeqSlice(chunk.token_ids, chunk.start, req.block_table, logits=logits)
+        return SeqSlice(chunk.token_ids, chunk.start, req.block_table, logits=logits, state_slot=req.state_slot)
 
     def _run(self, slices: list[SeqSlice]) -> list[torch.Tensor]:
         """Runs the model; returns each slice's logits rows [n, V] (float32)."""
         cfg, bs = self.model_config, self.config.block_size
         groups = split_micro_batches(slices, self.config.micro_batches)
         metas = [BatchMeta.build(g, bs, cfg.sliding_window) for g in groups]
-        stages = [self.model.forward_stages(m, self.kv.layers, self.experts, self.knobs) for m in metas]
+        stages = [self.model.forward_stages(m, self.caches, self.experts, self.knobs) for m in metas]
         results = run_interleaved(stages)
         by_slice: dict[int, torch.Tensor] = {}
         for group, meta, logits in zip(groups, metas, results):

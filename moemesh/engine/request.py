@@ -19,6 +19,7 @@ class Request:
     only appended, so they stay valid across preemption).
     num_registered: blocks of `block_table` already keyed in the prefix cache (or found there).
     cached_tokens: prompt tokens served from the prefix cache when the request first ran (None before).
+    state_slot: its recurrent-state slot while it runs (models with linear-attention layers), else -1.
     prompt_logprobs: when asked for and not yet sent: [None, lp(p1|p0), ...] computed so far."""
 
     request_id: str
@@ -35,6 +36,7 @@ class Request:
     cached_tokens: int | None = None
     prompt_logprobs: list[float | None] | None = None
     finish_reason: str | None = None
+    state_slot: int = -1
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -20,6 +20,10 @@ waiting request is admitted in a step that preempted.
 
 After the model ran, `commit` advances each request by its chunk and keys its newly full blocks in
 the prefix cache.
+
+Models with recurrent layers hand the scheduler their state slots (`state_slots`): a request takes
+one when it is admitted and gives it back with its blocks (finish, abort, preemption). There are
+max_num_seqs slots, so an admitted request always finds one.
 """
 from __future__ import annotations
 
@@ -80,8 +84,14 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, pool: BlockPool, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+        state_slots: BlockPool | None = None,
+    ) -> None:
+        if state_slots is not None and state_slots.num_blocks < max_num_seqs:
+            raise ValueError(f"state_slots: {state_slots.num_blocks} slots for max_num_seqs {max_num_seqs}")
         self.pool = pool
+        self.state_slots = state_slots
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -179,6 +189,8 @@ class Scheduler:
             self.stats.prefix_hits += start
         if req.cached_tokens is None:
             req.cached_tokens = start
+        if self.state_slots is not None:
+            req.state_slot = self.state_slots.allocate(1)[0]
         return ScheduledChunk(req, start, n)
 
     def _uses_cache(self, req: Request) -> bool:
@@ -204,6 +216,9 @@ class Scheduler:
 
     def _release(self, req: Request) -> None:
         self.pool.release(req.block_table)
+        if req.state_slot >= 0:
+            self.state_slots.release([req.state_slot])
+            req.state_slot = -1
         req.block_table = []
         req.num_computed = 0
         req.num_registered = 0

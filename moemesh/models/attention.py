@@ -48,7 +48,7 @@ def attention(
     v_cache: Tensor,
     rope_cs: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """x [T, H] -> [T, H]; writes this step's keys and values into the cache first.
+    """x [T, H] -> [T, H]: the q/k/v projection, per-head q/k RMSNorm and rope, then `paged_attention`.
     rope_cs: (cos, signed sin) from `rope_for_step`, to share across layers (computed here when None)."""
     t = x.shape[0]
     nh, kvh, d = w.num_heads, w.num_kv_heads, w.head_dim
@@ -64,6 +64,16 @@ def attention(
     cos, sin_signed = rope_cs if rope_cs is not None else rope_for_step(rope, meta.positions, x.dtype)
     qk = apply_rope_signed(qk, cos, sin_signed)
     q, k = qk[:, :nh], qk[:, nh:]  # [T, NH, D], [T, KVH, D]
+    out = paged_attention(q, k, v, meta, k_cache, v_cache)  # [T, NH, D]
+    return linear(out.reshape(t, nh * d), w.o)  # [T, H]
+
+
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    """The attention core shared by the families whose queries, keys and values are ordinary heads:
+    q [T, NH, D], k / v [T, KVH, D] (rotated, normed) -> [T, NH, D]; writes this step's keys and values
+    into the cache first (scale D^-0.5, causal, meta.sliding_window when set)."""
+    t, nh, d = q.shape
+    kvh = k.shape[1]
     k_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, v)
 
@@ -79,8 +89,8 @@ def attention(
         mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
         decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)  # [B, KVH, NH/KVH, D]
         if not meta.chunks:
-            return linear(decoded.reshape(b, nh * d), w.o)  # [T, H]
-    out = torch.empty(t, nh, d, dtype=x.dtype)  # [T, NH, D]
+            return decoded.reshape(b, nh, d)
+    out = torch.empty(t, nh, d, dtype=q.dtype)  # [T, NH, D]
     if decoded is not None:
         out[:b] = decoded.reshape(b, nh, d)
     for c in meta.chunks:
@@ -92,7 +102,7 @@ def attention(
         else:
             o = own_causal_attention(qq, k[c.start : c.start + c.length], v[c.start : c.start + c.length], meta.sliding_window)
         out[c.start : c.start + c.length] = o.transpose(0, 1)
-    return linear(out.view(t, nh * d), w.o)  # [T, H]
+    return out
 
 
 def own_causal_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None) -> Tensor:

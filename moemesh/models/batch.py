@@ -32,12 +32,14 @@ class SeqSlice:
     block_table  KV cache blocks of this sequence, covering at least start_pos + len(token_ids) positions
     logits       which rows get logits: "last" (to sample), "all" (prompt logprobs) or "none" (a chunk
                  that does not end the prompt)
+    state_slot   the sequence's recurrent-state slot (models with linear-attention layers), else -1
     """
 
     token_ids: Sequence[int]
     start_pos: int
     block_table: Sequence[int]
     logits: str = "last"
+    state_slot: int = -1
 
     def __post_init__(self) -> None:
         if self.logits not in LOGITS:
@@ -76,7 +78,8 @@ class ChunkMeta:
 class BatchMeta:
     """input_ids [T], positions [T], slot_mapping [T] (flat KV slot per token);
     decode_block_tables [B, NB], decode_mask [B, S] (True = attend); chunks: the other slices;
-    logits_idx [R] rows of T whose logits are computed; logits_rows: per input SeqSlice, its (start, n) in R."""
+    logits_idx [R] rows of T whose logits are computed; logits_rows: per input SeqSlice, its (start, n) in R;
+    state_slots [N] each slice's recurrent-state slot, in token-layout order (decodes, then chunks)."""
 
     input_ids: Tensor
     positions: Tensor
@@ -89,6 +92,7 @@ class BatchMeta:
     logits_rows: tuple[tuple[int, int], ...]
     sliding_window: int | None
     block_size: int
+    state_slots: Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -143,6 +147,7 @@ class BatchMeta:
             logits_rows=tuple(logits_rows),
             sliding_window=sliding_window,
             block_size=block_size,
+            state_slots=torch.tensor([seqs[i].state_slot for i in order], dtype=torch.long),
         )
 
 

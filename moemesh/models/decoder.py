@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from moemesh.checkpoint import CheckpointReader
+from moemesh.checkpoint.fp8_dequant import weights_reader
 from moemesh.checkpoint.progress import load_layers
 from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
@@ -60,6 +61,7 @@ class MoeDecoderLM:
             )
         self.cfg = cfg
         self.dtype = dtype
+        reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         h, v = cfg.hidden_size, cfg.vocab_size
         embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
         self.layers: list[DecoderLayer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))

@@ -9,6 +9,11 @@ A checkpoint whose experts are stored in a quantized format is loaded as stored 
   MXFP4         gpt-oss fused `*_blocks` / `*_scales` (via moemesh.models.gpt_oss.experts)
 Gate and up become one gate_up with two row segments that keep their own scales.
 
+Besides one tensor per expert and projection, experts may be stored fused as transformers 5 holds them
+in memory (Qwen3.5-MoE's published checkpoints): `mlp.experts.gate_up_proj [E, 2I, H]` (gate rows, then
+up rows) and `mlp.experts.down_proj [E, H, I]`, dense. gpt-oss's fused layout differs ([E, H, 2I],
+interleaved, with biases) and is told apart by its biases.
+
 Shape legend: E experts loaded (in the order asked for), I expert intermediate, H hidden.
 """
 from __future__ import annotations
@@ -90,7 +95,26 @@ def stored_format(reader: CheckpointReader, layout: ExpertLayout, layer: int, ex
 
 def is_gpt_oss_layout(reader: CheckpointReader, layer: int) -> bool:
     p = f"model.layers.{layer}.mlp.experts"
-    return reader.has(f"{p}.gate_up_proj_blocks") or reader.has(f"{p}.gate_up_proj")
+    return reader.has(f"{p}.gate_up_proj_blocks") or reader.has(f"{p}.gate_up_proj_bias")
+
+
+def is_fused_layout(reader: CheckpointReader, layer: int) -> bool:
+    """transformers 5's fused experts without biases (not gpt-oss's)."""
+    return reader.has(f"model.layers.{layer}.mlp.experts.gate_up_proj") and not is_gpt_oss_layout(reader, layer)
+
+
+def load_fused_experts(reader: CheckpointReader, layer: int, ids: list[int], inter: int, hidden: int, dtype: torch.dtype) -> ExpertWeights:
+    """Experts `ids` from gate_up_proj [E, 2I, H] and down_proj [E, H, I] (dense)."""
+    p = f"model.layers.{layer}.mlp.experts"
+    gate_up = reader.get(f"{p}.gate_up_proj")
+    down = reader.get(f"{p}.down_proj")
+    for name, t, want in (("gate_up_proj", gate_up, (2 * inter, hidden)), ("down_proj", down, (hidden, inter))):
+        if tuple(t.shape[1:]) != want or not t.is_floating_point() or t.element_size() < 2:
+            raise CheckpointError(
+                f"{p}.{name}: fused experts must be dense [E, {want[0]}, {want[1]}], got {t.dtype} {list(t.shape)}"
+            )
+    sel = torch.tensor(ids, dtype=torch.long)
+    return ExpertWeights(gate_up=gate_up[sel].to(dtype).contiguous(), down=down[sel].to(dtype).contiguous())
 
 
 def load_quantized_projection(reader: CheckpointReader, names: list[str], fmt: str, rows: int, cols: int, block):
@@ -137,6 +161,9 @@ def load_expert_weights(
 
         return load_gpt_oss_experts(reader, cfg, layer, ids, dtype, experts_dtype)
     hidden, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    if is_fused_layout(reader, layer):
+        w = load_fused_experts(reader, layer, ids, inter, hidden, dtype)
+        return w if experts_dtype is None else prepare_experts(w, experts_dtype, dtype)
     layout = find_layout(reader, layer, ids[0])
     fmts = {stored_format(reader, layout, layer, e) for e in ids}
     if len(fmts) != 1:

@@ -7,7 +7,7 @@ Shape legend: T tokens, H hidden, V vocab, R logits rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Generator, Sequence
 
 import torch
@@ -18,15 +18,15 @@ from moemesh.checkpoint.progress import load_layers
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import GroupedGateConfig
-from moemesh.models.deepseek_v3.fp8_reader import weights_reader
-from moemesh.models.deepseek_v3.moe import DenseMLP, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
+from moemesh.checkpoint.fp8_dequant import weights_reader
+from moemesh.models.deepseek_v3.moe import DenseMLP, GateNames, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
 from moemesh.models.layers import rms_norm
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
-# attend(h [T, H], weights, meta, (k_cache, v_cache)) -> [T, H]
-Attend = Callable[[Tensor, Any, BatchMeta, tuple[Tensor, Tensor]], Tensor]
+# attend(h [T, H], weights, meta, (k_cache, v_cache), carry) -> [T, H]
+Attend = Callable[[Tensor, Any, BatchMeta, tuple[Tensor, Tensor], Any], Tensor]
 
 
 @dataclass(frozen=True)
@@ -38,22 +38,33 @@ class Layer:
 
 
 def tensors_of(obj: Any) -> list[Tensor]:
-    """The tensors a weights dataclass was built from (init fields; derived copies excluded), for byte counts."""
-    values = (getattr(obj, f.name) for f in fields(obj) if f.init)
-    return [t for t in values if isinstance(t, Tensor)]
+    """The tensors a weights dataclass was built from (init fields, nested weights dataclasses included;
+    derived copies excluded), for byte counts."""
+    found: list[Tensor] = []
+    for f in fields(obj):
+        value = getattr(obj, f.name) if f.init else None
+        if isinstance(value, Tensor):
+            found.append(value)
+        elif is_dataclass(value):
+            found += tensors_of(value)
+    return found
 
 
 class GroupedGateDecoderLM:
     """Non-expert weights of a grouped-gate MoE model; routed experts are reached through an ExpertCompute.
+    A family names its gate tensors in `gate_names` and may override `gate_config`.
 
-    Subclasses load their attention (`load_attention(reader, prefix) -> weights`) and run it
-    (`attend(h, weights, meta, kv_pair) -> [T, H]`)."""
+    Subclasses load their attention (`load_attention(reader, prefix, layer) -> weights`) and run it
+    (`attend(h, weights, meta, kv_pair, carry) -> [T, H]`); `carry` is what `begin_step(meta)` made for
+    this forward pass, handed from layer to layer (DSA: the top-k selection that later layers reuse)."""
+
+    gate_names = GateNames()
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
         reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         self.cfg = cfg
         self.dtype = dtype
-        self.gate = GroupedGateConfig.from_raw(cfg.raw)
+        self.gate = self.gate_config(cfg)
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
         self.layers: list[Layer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))
@@ -64,26 +75,28 @@ class GroupedGateDecoderLM:
     def _load_layer(self, reader: CheckpointReader, layer: int) -> Layer:
         cfg, dt, p = self.cfg, self.dtype, f"model.layers.{layer}"
         if cfg.is_moe_layer(layer):
-            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt)
+            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt, self.gate_names)
         else:
             mlp = load_dense_mlp(reader, f"{p}.mlp", cfg.hidden_size, cfg.intermediate_size, dt)
         return Layer(
             input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
-            attn=self.load_attention(reader, f"{p}.self_attn"),
+            attn=self.load_attention(reader, f"{p}.self_attn", layer),
             post_norm=reader.get(f"{p}.post_attention_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
             mlp=mlp,
         )
+
+    def gate_config(self, cfg: ModelConfig) -> GroupedGateConfig:
+        return GroupedGateConfig.from_raw(cfg.raw)
+
+    def begin_step(self, meta: BatchMeta) -> Any:
+        """Per-forward state the attention layers share (none by default)."""
+        return None
 
     def weight_bytes(self) -> int:
         """Bytes of non-expert weights read per decode step (embedding rows excluded, LM head included)."""
         tensors = [self.lm_head, self.norm]
         for lyr in self.layers:
-            tensors += [lyr.input_norm, lyr.post_norm, *tensors_of(lyr.attn)]
-            mlp = lyr.mlp
-            if isinstance(mlp, GroupedMoE):
-                tensors += tensors_of(mlp) + (tensors_of(mlp.shared) if mlp.shared else [])
-            else:
-                tensors += tensors_of(mlp)
+            tensors += [lyr.input_norm, lyr.post_norm, *tensors_of(lyr.attn), *tensors_of(lyr.mlp)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def forward_stages(
@@ -92,9 +105,10 @@ class GroupedGateDecoderLM:
         """Yields once per MoE layer (after submitting to the experts); returns logits [R, V] float32."""
         cfg = self.cfg
         x = self.embed[meta.input_ids]  # [T, H]
+        carry = self.begin_step(meta)
         for idx, lyr in enumerate(self.layers):
             h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
-            x = x + self.attend(h, lyr.attn, meta, kv_caches[idx])
+            x = x + self.attend(h, lyr.attn, meta, kv_caches[idx], carry)
             h = rms_norm(x, lyr.post_norm, cfg.rms_norm_eps)  # [T, H]
             if isinstance(lyr.mlp, DenseMLP):
                 x = x + lyr.mlp(h)

@@ -95,10 +95,13 @@ class LatentCache:
             raise ValueError(f"latent cache: k, v must be [blocks, BS, 1, ceil({self.width}/2)], got {list(self.k.shape)}")
 
     def write(self, slots: Tensor, latent: Tensor) -> None:
-        """slots [T] flat slot ids; latent [T, L]."""
-        w = self.k.shape[-1]
-        self.k.view(-1, w).index_copy_(0, slots, latent[:, :w])
-        self.v.view(-1, w)[:, : self.width - w].index_copy_(0, slots, latent[:, w:])
+        """slots [T] flat slot ids; latent [T, n] with n <= L: the first n numbers of each slot."""
+        w, n = self.k.shape[-1], latent.shape[-1]
+        if n > self.width:
+            raise ValueError(f"latent cache: a latent of {n} numbers does not fit the slot width {self.width}")
+        self.k.view(-1, w)[:, : min(n, w)].index_copy_(0, slots, latent[:, :w])
+        if n > w:
+            self.v.view(-1, w)[:, : n - w].index_copy_(0, slots, latent[:, w:])
 
     def gather(self, block_tables: Tensor) -> Tensor:
         """block_tables [B, NB] -> latents [B, S, L] of those blocks' slots."""
@@ -108,12 +111,17 @@ class LatentCache:
         return torch.cat([k, v], dim=-1)
 
 
-def queries(x: Tensor, w: MLAWeights) -> Tensor:
-    """x [T, H] -> q [T, NH, Dn+Dr] (before rope)."""
+def q_latent(x: Tensor, w: MLAWeights) -> Tensor:
+    """x [T, H] -> the normed q LoRA latent [T, Rq] (DeepSeek-V3.2's indexer reads it too)."""
+    return rms_norm(F.linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LATENT_NORM_EPS)
+
+
+def queries(x: Tensor, w: MLAWeights, q_lat: Tensor | None = None) -> Tensor:
+    """x [T, H] -> q [T, NH, Dn+Dr] (before rope); q_lat: `q_latent(x, w)` when already computed."""
     if w.q is not None:
         q = x @ w.q.t()
     else:
-        q = rms_norm(F.linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LATENT_NORM_EPS) @ w.q_b.t()
+        q = (q_latent(x, w) if q_lat is None else q_lat) @ w.q_b.t()
     return q.view(x.shape[0], w.num_heads, w.qk_nope_head_dim + w.qk_rope_head_dim)
 
 
@@ -121,31 +129,77 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleave: bool) -> Tensor:
     return apply_rope_interleaved(x, cos, sin) if interleave else apply_rope(x, cos, sin)
 
 
-def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, cache: LatentCache) -> Tensor:
-    """x [T, H] -> [T, H]; writes this step's latents (c_kv, k_pe) into the cache first."""
-    t = x.shape[0]
-    nh, r, dn, dr, dv = w.num_heads, w.kv_lora_rank, w.qk_nope_head_dim, w.qk_rope_head_dim, w.v_head_dim
-    q = queries(x, w)  # [T, NH, Dn+Dr]
-    q_nope, q_pe = q[..., :dn], q[..., dn:]
+@dataclass(frozen=True)
+class MLAInputs:
+    """One step's rotated queries and new latents: q_nope [T, NH, Dn], q_pe [T, NH, Dr], c_kv [T, R],
+    k_pe [T, Dr]; q_lat [T, Rq] (None without q LoRA)."""
+
+    q_nope: Tensor
+    q_pe: Tensor
+    c_kv: Tensor
+    k_pe: Tensor
+    q_lat: Tensor | None
+
+    @property
+    def latent(self) -> Tensor:
+        """[T, R+Dr]: what the cache holds per token."""
+        return torch.cat([self.c_kv, self.k_pe], dim=-1)
+
+
+def mla_inputs(x: Tensor, w: MLAWeights, cos: Tensor, sin: Tensor) -> MLAInputs:
+    """x [T, H], cos/sin [T, 1, Dr] -> MLAInputs."""
+    r, dn = w.kv_lora_rank, w.qk_nope_head_dim
+    q_lat = q_latent(x, w) if w.q is None else None
+    q = queries(x, w, q_lat)  # [T, NH, Dn+Dr]
     kv = F.linear(x, w.kv_a, w.kv_a_bias)  # [T, R+Dr]
     c_kv = rms_norm(kv[:, :r], w.kv_a_norm, LATENT_NORM_EPS)  # [T, R]
-    cos, sin = rope.for_positions(meta.positions, x.dtype)  # [T, 1, Dr]
-    q_pe = rotate(q_pe, cos, sin, w.rope_interleave)  # [T, NH, Dr]
+    q_pe = rotate(q[..., dn:], cos, sin, w.rope_interleave)  # [T, NH, Dr]
     k_pe = rotate(kv[:, None, r:], cos, sin, w.rope_interleave)[:, 0]  # [T, Dr]
-    cache.write(meta.slot_mapping, torch.cat([c_kv, k_pe], dim=-1))
+    return MLAInputs(q[..., :dn], q_pe, c_kv, k_pe, q_lat)
 
-    out = torch.empty(t, nh, dv, dtype=x.dtype)  # [T, NH, Dv]
+
+def mla_attention(x: Tensor, w: MLAWeights, meta: BatchMeta, rope: RotaryTable, cache: LatentCache) -> Tensor:
+    """x [T, H] -> [T, H]; writes this step's latents (c_kv, k_pe) into the cache first."""
+    cos, sin = rope.for_positions(meta.positions, x.dtype)  # [T, 1, Dr]
+    inp = mla_inputs(x, w, cos, sin)
+    cache.write(meta.slot_mapping, inp.latent)
+    lat = cache.gather(meta.decode_block_tables) if meta.num_decode else None  # [B, S, R+Dr]
+    masks = [c.mask for c in meta.chunks]
+    return mla_output(latent_attention(inp, w, meta, lat, meta.decode_mask, chunk_latents(cache, meta), masks), w)
+
+
+def chunk_latents(cache: LatentCache, meta: BatchMeta) -> list[Tensor | None]:
+    """Per chunk: for one after cached positions, the latents [S, L] of its sequence's blocks (this
+    chunk's own included: the cache is written first); None for one at position 0 (its own latents
+    are this step's)."""
+    return [cache.gather(c.block_table[None])[0] if c.start_pos > 0 else None for c in meta.chunks]
+
+
+def latent_attention(
+    inp: MLAInputs, w: MLAWeights, meta: BatchMeta, decode_lat: Tensor | None, decode_mask: Tensor,
+    chunk_lat: list[Tensor | None], chunk_masks: list[Tensor | None],
+) -> Tensor:
+    """-> [T, NH, Dv]. Decodes attend (absorbed) to their cached latents decode_lat [B, S, >= R+Dr] where
+    decode_mask [B, S] is True. Chunk i attends (expanded) to chunk_lat[i] [S, >= R+Dr] where
+    chunk_masks[i] [n, S] is True or, when chunk_lat[i] is None, to its own tokens: causally when
+    chunk_masks[i] is None, else where that [n, n] mask is True (a subset of the causal mask)."""
+    t, nh, dv, r, ld = inp.q_nope.shape[0], w.num_heads, w.v_head_dim, w.kv_lora_rank, w.latent_dim
+    out = torch.empty(t, nh, dv, dtype=inp.q_nope.dtype)  # [T, NH, Dv]
     b = meta.num_decode
     if b:
-        out[:b] = absorbed_decode(q_nope[:b], q_pe[:b], w, cache.gather(meta.decode_block_tables), meta.decode_mask)
-    for c in meta.chunks:
+        out[:b] = absorbed_decode(inp.q_nope[:b], inp.q_pe[:b], w, decode_lat[..., :ld], decode_mask)
+    for c, lat, mask in zip(meta.chunks, chunk_lat, chunk_masks):
         sl = slice(c.start, c.start + c.length)
-        if c.start_pos > 0:  # after cached positions: expand the sequence's cached latents (this chunk's included)
-            lat = cache.gather(c.block_table[None])[0]  # [S, R+Dr]
-            out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], lat[:, :r], lat[:, r:], w, c.mask)
+        if lat is not None:
+            out[sl] = expanded_prefill(inp.q_nope[sl], inp.q_pe[sl], lat[:, :r], lat[:, r:ld], w, mask)
         else:
-            out[sl] = expanded_prefill(q_nope[sl], q_pe[sl], c_kv[sl], k_pe[sl], w)
-    return F.linear(out.view(t, nh * dv), w.o, w.o_bias)  # [T, H]
+            out[sl] = expanded_prefill(inp.q_nope[sl], inp.q_pe[sl], inp.c_kv[sl], inp.k_pe[sl], w, mask)
+    return out
+
+
+def mla_output(out: Tensor, w: MLAWeights) -> Tensor:
+    """out [T, NH, Dv] -> [T, H]."""
+    return F.linear(out.reshape(out.shape[0], w.num_heads * w.v_head_dim), w.o, w.o_bias)
 
 
 def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, lat: Tensor, mask: Tensor) -> Tensor:

@@ -60,13 +60,16 @@ class DeepseekV3ForCausalLM(GroupedGateDecoderLM):
     """DeepSeek-V3 / Kimi-K2: MLA attention over the latent cache."""
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
-        self.mla = MLAConfig.from_raw(cfg.raw)
+        self.mla = self.mla_config(cfg)
         super().__init__(cfg, reader, dtype)
         self.rope = build_rotary_table(self.mla.rope, self.mla.qk_rope_head_dim, cfg.max_position_embeddings)
 
-    def load_attention(self, reader: CheckpointReader, prefix: str) -> MLAWeights:
+    def mla_config(self, cfg: ModelConfig) -> MLAConfig:
+        return MLAConfig.from_raw(cfg.raw)
+
+    def load_attention(self, reader: CheckpointReader, prefix: str, layer: int) -> MLAWeights:
         return load_mla(reader, prefix, self.cfg, self.mla, self.dtype)
 
-    def attend(self, h: Tensor, w: MLAWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor]) -> Tensor:
+    def attend(self, h: Tensor, w: MLAWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor], carry=None) -> Tensor:
         cache = LatentCache(kv_pair[0], kv_pair[1], w.latent_dim)
         return mla_attention(h, w, meta, self.rope, cache)

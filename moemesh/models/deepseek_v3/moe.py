@@ -45,8 +45,20 @@ def load_dense_mlp(reader: CheckpointReader, prefix: str, hidden: int, inter: in
 
 
 @dataclass(frozen=True)
+class GateNames:
+    """Where a family keeps its grouped gate on disk ({layer} is filled in); router_fp32: the router
+    weight and logits are float32 (DeepSeek, as transformers keeps them), else in the compute dtype."""
+
+    router: str = "model.layers.{layer}.mlp.gate.weight"
+    correction_bias: str = "model.layers.{layer}.mlp.gate.e_score_correction_bias"
+    shared_experts: str = "model.layers.{layer}.mlp.shared_experts"
+    router_fp32: bool = True
+
+
+@dataclass(frozen=True)
 class GroupedMoE:
-    """router [E, H] and correction_bias [E] in float32 (the gate runs in float32); shared experts."""
+    """router [E, H] (float32, or the compute dtype: the gate's logits are computed in its dtype),
+    correction_bias [E] float32; shared experts."""
 
     router: Tensor
     correction_bias: Tensor | None
@@ -54,16 +66,18 @@ class GroupedMoE:
 
 
 def load_grouped_moe(
-    reader: CheckpointReader, layer: int, cfg: ModelConfig, gate: GroupedGateConfig, dtype: torch.dtype
+    reader: CheckpointReader, layer: int, cfg: ModelConfig, gate: GroupedGateConfig, dtype: torch.dtype,
+    names: GateNames = GateNames(),
 ) -> GroupedMoE:
-    p = f"model.layers.{layer}.mlp"
     e, h = cfg.num_experts, cfg.hidden_size
-    bias_name = f"{p}.gate.e_score_correction_bias"
+    bias_name = names.correction_bias.format(layer=layer)
     shared = None
     if gate.n_shared_experts:
-        shared = load_dense_mlp(reader, f"{p}.shared_experts", h, cfg.moe_intermediate_size * gate.n_shared_experts, dtype)
+        inter = cfg.moe_intermediate_size * gate.n_shared_experts
+        shared = load_dense_mlp(reader, names.shared_experts.format(layer=layer), h, inter, dtype)
+    router_dtype = torch.float32 if names.router_fp32 else dtype
     return GroupedMoE(
-        router=reader.get(f"{p}.gate.weight", shape=(e, h), dtype=torch.float32),
+        router=reader.get(names.router.format(layer=layer), shape=(e, h), dtype=router_dtype),
         correction_bias=reader.get(bias_name, shape=(e,), dtype=torch.float32) if reader.has(bias_name) else None,
         shared=shared,
     )
@@ -81,7 +95,7 @@ def moe_block(
 ) -> Generator[None, None, Tensor]:
     """h [T, H] (post-attention-normed) -> [T, H]. Yields once, while the routed experts compute."""
     top_k = knobs.top_k or cfg.top_k
-    logits = h.float() @ moe.router.t()  # [T, E]
+    logits = (h.to(moe.router.dtype) @ moe.router.t()).float()  # [T, E]
     routing = grouped_topk(
         logits,
         top_k,

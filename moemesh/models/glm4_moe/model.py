@@ -21,8 +21,8 @@ class Glm4MoeForCausalLM(GroupedGateDecoderLM):
         self.attention = GlmAttention(cfg, dtype)
         super().__init__(cfg, reader, dtype)
 
-    def load_attention(self, reader: CheckpointReader, prefix: str) -> AttentionWeights:
+    def load_attention(self, reader: CheckpointReader, prefix: str, layer: int) -> AttentionWeights:
         return self.attention.load(reader, prefix)
 
-    def attend(self, h: Tensor, w: AttentionWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor]) -> Tensor:
+    def attend(self, h: Tensor, w: AttentionWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor], carry=None) -> Tensor:
         return self.attention(h, w, meta, kv_pair)

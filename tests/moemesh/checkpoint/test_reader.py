@@ -67,3 +67,17 @@ def test_index_naming_missing_shard(sharded, tmp_path):
     (tmp_path / shard).unlink()
     with pytest.raises(CheckpointError, match=f"names shard '{shard}', which is missing"):
         CheckpointReader(tmp_path)
+
+
+def test_an_fp8_tensor_is_not_cast_without_its_scale(tmp_path):
+    """Cast to a float dtype, FP8 values would be read as weights without their scale (a wrong model,
+    no error): refused naming the tensor; read as stored, they are returned unchanged."""
+    from safetensors.torch import save_file
+
+    w = (torch.randn(4, 8) * 100).to(torch.float8_e4m3fn)
+    save_file({"model.layers.0.self_attn.q_proj.weight": w}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("{}")
+    r = CheckpointReader(tmp_path)
+    with pytest.raises(CheckpointError, match=r"q_proj\.weight.*float8_e4m3fn.*no scale"):
+        r.get("model.layers.0.self_attn.q_proj.weight", dtype=torch.bfloat16)
+    assert torch.equal(r.get("model.layers.0.self_attn.q_proj.weight").view(torch.uint8), w.view(torch.uint8))

@@ -1,8 +1,10 @@
 """Scheduler without a model: the token budget, decodes before prompt chunks, prompts longer than the
-budget, prefix cache hits, eviction, and preemption with shared blocks."""
+budget, prefix cache hits, eviction, preemption with shared blocks, and the recurrent-state slots
+of hybrid models (taken at admission, given back on finish, abort and preemption, never leaked)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from moemesh.engine.block_pool import BlockPool
 from moemesh.engine.request import Request
@@ -251,3 +253,76 @@ def test_every_step_stays_within_the_budget(budget):
     s.add(request("b", range(20, 25), max_new=3))
     while s.has_unfinished():
         assert step(s).num_tokens <= budget
+
+
+def test_state_slots_follow_admission_finish_abort_and_preemption():
+    slots = BlockPool(2, caching=False)
+    s = Scheduler(BlockPool(3, caching=False), BS, 2, 16, state_slots=slots)
+    a = request("a", range(0, 4), max_new=9)
+    s.add(a)
+    assert a.state_slot == -1  # waiting: no slot yet
+    step(s)
+    b = request("b", range(10, 13), max_new=9)
+    s.add(b)
+    step(s)
+    assert {a.state_slot, b.state_slot} == {0, 1} and slots.num_free == 0
+    step(s)
+    batch = step(s)  # b needs a second block: none left, b is preempted and gives its slot back
+    assert batch.preempted == (b,) and b.state_slot == -1 and slots.num_free == 1
+    s.remove(a)  # finished or aborted: its slot goes back too
+    assert a.state_slot == -1 and slots.num_free == 2
+    step(s)  # b runs again from position 0 in a slot of its own
+    assert b.state_slot >= 0 and b.num_computed > 0 and slots.num_free == 1
+
+
+def test_fewer_state_slots_than_sequences_is_refused():
+    with pytest.raises(ValueError, match="state_slots"):
+        Scheduler(BlockPool(8), BS, 4, 16, state_slots=BlockPool(3, caching=False))
+
+
+def held_slots_match_running(s: Scheduler, slots: BlockPool) -> None:
+    """Every running request holds its own slot, no waiting one holds any, and no other slot is taken."""
+    held = [r.state_slot for r in s.running]
+    assert all(slot >= 0 for slot in held) and len(set(held)) == len(held)
+    assert all(r.state_slot == -1 for r in s.waiting)
+    assert slots.num_free == slots.num_blocks - len(held)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(1, 14), st.integers(1, 6)),  # prompt length, max_new
+            st.tuples(st.just("step"), st.integers(1, 3), st.none()),  # steps in a row
+            st.tuples(st.just("abort"), st.integers(0, 63), st.none()),  # which live request
+        ),
+        max_size=40,
+    ),
+    num_blocks=st.integers(5, 10),  # the longest request (19 tokens computed) fits alone
+    caching=st.booleans(),
+)
+def test_state_slots_are_never_leaked(ops, num_blocks, caching):
+    """Random arrivals, steps (with preemption when the few blocks run out) and aborts of waiting or
+    running requests: after every operation the slots held are exactly the running requests' own, and
+    once everything has finished or been aborted every slot is free again."""
+    slots = BlockPool(3, caching=False)
+    s = Scheduler(BlockPool(num_blocks, caching=caching), BS, 3, 8, state_slots=slots)
+    live: list[Request] = []
+    for i, (op, a, b) in enumerate(ops):
+        if op == "add":
+            req = request(f"r{i}", range(i, i + a), max_new=b)
+            s.add(req)
+            live.append(req)
+        elif op == "step":
+            for _ in range(a):
+                step(s)
+        elif live:
+            s.remove(live.pop(a % len(live)))
+        live = [r for r in live if s.find(r.request_id) is r]
+        held_slots_match_running(s, slots)
+    for _ in range(200):
+        if not s.has_unfinished():
+            break
+        step(s)
+        held_slots_match_running(s, slots)
+    assert not s.has_unfinished() and slots.num_free == slots.num_blocks

@@ -11,7 +11,9 @@ from moemesh.models.registry import ARCHITECTURES, get_architecture, load_model_
 
 def test_the_table_lists_every_architecture_once():
     assert supported_architectures() == [
-        "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+        "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM", "GlmMoeDsaForCausalLM", "GptOssForCausalLM",
+        "KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration", "MiniMaxM2ForCausalLM", "MixtralForCausalLM",
+        "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
     ]
     assert all(isinstance(spec, ArchitectureSpec) and spec.name == name for name, spec in ARCHITECTURES.items())
     assert get_architecture("MixtralForCausalLM") is get_architecture("MixtralForCausalLM")  # the same table every lookup
@@ -79,4 +81,20 @@ def test_missing_required_field_is_named(tiny_ckpt):
     raw = json.loads((path / "config.json").read_text())
     del raw["hidden_size"]
     with pytest.raises(ConfigError, match="lacks the field 'hidden_size'"):
+        parse_model_config(raw)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "MiniMaxM2ForCausalLM", "Qwen3NextForCausalLM", "KimiK25ForConditionalGeneration"])
+@pytest.mark.parametrize("method", ["compressed-tensors", "gptq", "awq", None])
+def test_quantization_formats_no_loader_reads_are_refused(arch, method):
+    """Before any weight is read: a quantized weight read as plain would give wrong answers, not an error."""
+    raw = {"architectures": [arch], "quantization_config": {"quant_method": method, "bits": 4}}
+    with pytest.raises(ConfigError, match=r"quantization_config\.quant_method"):
+        parse_model_config(raw)
+
+
+def test_a_quantization_config_inside_text_config_is_checked_too():
+    raw = {"architectures": ["Qwen3_5MoeForConditionalGeneration"],
+           "text_config": {"quantization_config": {"quant_method": "gptq"}}}
+    with pytest.raises(ConfigError, match=r"text_config\.quantization_config\.quant_method 'gptq'"):
         parse_model_config(raw)

@@ -8,4 +8,4 @@ from moemesh.engine.llm_engine import LLMEngine
 
 
 def make_engine(path: Path, **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model_dir=str(path), block_size=4, kv_cache_tokens=512, **kw))
+    return LLMEngine(EngineConfig(model_dir=str(path), **{"block_size": 4, "kv_cache_tokens": 512, **kw}))

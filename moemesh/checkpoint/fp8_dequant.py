@@ -1,12 +1,13 @@
-"""Non-expert weights of a DeepSeek-style BlockwiseFP8 checkpoint, dequantized at load.
+"""Non-expert weights of a BlockwiseFP8 checkpoint (`quant_method: fp8`, DeepSeek's layout), dequantized at load.
 
-DeepSeek-V3 / Kimi-K2 FP8 checkpoints store every linear layer except the embeddings, norms, router
+DeepSeek-V3 / Kimi-K2 FP8 checkpoints, and those of the other families published in the same format
+(Qwen3-MoE, Qwen3-Next, MiniMax-M2, ...), store every linear layer except the embeddings, norms, router
 and LM head as `weight float8_e4m3fn [N, K]` + `weight_scale_inv float32 [ceil(N/BN), ceil(K/BK)]`
 (a multiplier; BN x BK = `quantization_config.weight_block_size`, edge blocks partial).
 Decision: attention, dense-MLP and shared-expert weights are dequantized once at load into the compute
 dtype (they are a small share of the bytes and run on the attention side); routed experts stay FP8
-and are served as stored (moemesh.moe.expert_loader).
-"""
+and are served as stored (moemesh.moe.expert_loader). Every model reads its non-expert weights through
+`weights_reader`."""
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -14,7 +15,7 @@ from typing import Any, Iterable
 import torch
 
 from kernels.formats import fp8_block_from_checkpoint
-from moemesh.checkpoint import CheckpointReader
+from moemesh.checkpoint.reader import CheckpointReader
 
 SCALE_SUFFIX = "_scale_inv"
 
