@@ -11,14 +11,22 @@
 Every committed placement (WatchPlacement) is staged on `RemoteExperts` and adopted at the next
 step boundary together with the routing knobs (top-k, capacity) its version carries, applied to the
 engine for all MoE layers at once (`apply_knobs`); `wake` runs the step loop once so an idle replica
-adopts it too. Heartbeats report the adopted version, so the control plane releases old copies only
-after the steps on them finished. A broken placement watch is reopened after the last version seen.
+adopts it too. The servers an update lists as dead are handed to `RemoteExperts.servers_dead` at
+once: calls in flight to them fail over now instead of waiting for their timeout. Heartbeats report
+the adopted version, so the control plane releases old copies only after the steps on them finished.
+
+The control plane may go away and come back (restarted, without its registry): a broken or ended
+placement watch is reopened after the last version seen, with backoff (`RESUBSCRIBE_BACKOFF_S`,
+doubling up to `RESUBSCRIBE_BACKOFF_MAX_S` while it keeps failing); a heartbeat answered
+`known=false` registers the replica again, reporting the newest version it has received, so the
+restarted control plane numbers its placements above it and the watch delivers them.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import uuid
 from typing import Callable
 
 import grpc
@@ -27,7 +35,7 @@ from attention_svc.remote_experts import RemoteExperts
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.contracts.placement import Placement
-from moemesh.contracts.wire import control_grpc, control_pb2, knobs_from_proto, placement_from_proto, server_from_proto
+from moemesh.contracts.wire import control_grpc, control_pb2, knobs_from_proto, knobs_to_proto, placement_from_proto, server_from_proto
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
 
@@ -35,6 +43,8 @@ log = logging.getLogger(__name__)
 
 FIRST_PLACEMENT_TIMEOUT_S = 300.0
 REPORT_TIMEOUT_S = 5.0
+RESUBSCRIBE_BACKOFF_S = 0.2  # first wait before reopening a broken placement watch
+RESUBSCRIBE_BACKOFF_MAX_S = 5.0
 
 
 def decode_update(msg) -> tuple[Placement, dict[str, ServerInfo]]:
@@ -60,6 +70,7 @@ class ControlFollower:
         self.channel = make_channel(control_addr, rpc)
         self.stub = control_grpc.ControlServiceStub(self.channel)
         self.replica_id = ""
+        self.instance = uuid.uuid4().hex  # this process: a restarted control plane's ids may repeat
         self.experts: RemoteExperts | None = None
         self._apply_knobs: Callable[[MoeKnobs], None] | None = None
         self._knobs: dict[int, MoeKnobs] = {}  # placement version -> knobs it carries
@@ -68,6 +79,7 @@ class ControlFollower:
         self._seen = 0  # the newest placement version received
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
 
     async def first_placement(self, timeout_s: float = FIRST_PLACEMENT_TIMEOUT_S) -> tuple[Placement, dict[str, ServerInfo]]:
         """Opens the placement watch and waits for the first placement that places experts (v >= 1)."""
@@ -99,39 +111,65 @@ class ControlFollower:
         heartbeats its adopted version until `close`."""
         self.experts = experts
         self._apply_knobs = apply_knobs
-        resp = await self.stub.RegisterAttentionReplica(control_pb2.RegisterAttentionReplicaRequest(address=address), timeout=30)
-        self.replica_id = resp.replica_id
+        resp = await self._register(address, timeout_s=30)
         self._tasks.append(asyncio.create_task(self._follow(wake)))
         self._tasks.append(asyncio.create_task(self._heartbeat(address, resp.heartbeat_interval_s or 1.0)))
 
+    async def _register(self, address: str, timeout_s: float):
+        req = control_pb2.RegisterAttentionReplicaRequest(address=address, placement_version=self._seen, instance=self.instance,
+                                                          knobs=knobs_to_proto(self._knobs.get(self._seen, self._applied_knobs)))
+        resp = await self.stub.RegisterAttentionReplica(req, timeout=timeout_s)
+        self.replica_id = resp.replica_id
+        return resp
+
     async def _follow(self, wake: Callable[[], None]) -> None:
+        """Stage every update on the experts; reopen the watch when it breaks or ends (backoff)."""
+        backoff = RESUBSCRIBE_BACKOFF_S
         while True:
+            why = "ended"
             try:
                 async for msg in self._updates:
-                    placement, servers = decode_update(msg)
-                    self._received(placement, msg)
-                    self.experts.set_placement(placement, servers)
+                    try:
+                        self._apply_update(msg)
+                    except Exception:  # noqa: BLE001 - e.g. an update naming a server without its address: the next one counts
+                        log.exception("placement update v%d from the control plane could not be staged", msg.placement.version)
                     wake()
+                    backoff = RESUBSCRIBE_BACKOFF_S
             except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.CANCELLED:
+                if self._closing:
                     return
-                log.warning("placement watch from the control plane broke (%s): reopening it", e.details())
-            await asyncio.sleep(1.0)
+                why = f"broke ({e.code().name}: {e.details()})"
+            if self._closing:
+                return
+            log.warning("placement watch from the control plane %s: reopening it after v%d in %.1fs", why, self._seen, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, RESUBSCRIBE_BACKOFF_MAX_S)
             self._updates = self.stub.WatchPlacement(
                 control_pb2.WatchPlacementRequest(replica_id=self.replica_id, after_version=self._seen), wait_for_ready=True
             )
 
+    def _apply_update(self, msg) -> None:
+        placement, servers = decode_update(msg)
+        self._received(placement, msg)
+        self.experts.set_placement(placement, servers)
+        if msg.dead_servers:
+            self.experts.servers_dead(msg.dead_servers, f"declared dead by the control plane (placement v{placement.version})", placement.version)
+
     async def _heartbeat(self, address: str, interval_s: float) -> None:
+        """Heartbeat the adopted version; register again when the control plane does not know us."""
         while True:
             await asyncio.sleep(interval_s)
-            req = control_pb2.HeartbeatRequest(id=self.replica_id, adopted_version=self.experts.adopted_version)
+            req = control_pb2.HeartbeatRequest(id=self.replica_id, adopted_version=self.experts.adopted_version, instance=self.instance)
             try:
                 resp = await self.stub.Heartbeat(req, timeout=5)
                 if not resp.known:
-                    reg = await self.stub.RegisterAttentionReplica(control_pb2.RegisterAttentionReplicaRequest(address=address), timeout=5)
-                    self.replica_id = reg.replica_id
+                    await self._register(address, timeout_s=5)
+                    log.warning("the control plane did not know this replica: registered again as %s (placements seen up to v%d)",
+                                self.replica_id, self._seen)
             except grpc.aio.AioRpcError as e:
                 log.warning("heartbeat to the control plane failed: %s", e.details())
+            except Exception:  # noqa: BLE001 - the next interval tries again: this task must not end while serving
+                log.exception("heartbeat or registration with the control plane failed")
 
     def begin_step(self) -> None:
         """Between engine steps: adopt a staged placement and the knobs its version carries."""
@@ -156,6 +194,7 @@ class ControlFollower:
         asyncio.run_coroutine_threadsafe(report(), self._loop).result(REPORT_TIMEOUT_S + 1)
 
     async def close(self) -> None:
+        self._closing = True
         for t in self._tasks:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError):

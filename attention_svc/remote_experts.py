@@ -25,6 +25,13 @@ computed again. All of it is bounded by `failover_timeout_s` per layer call (0: 
 the call fails with UNAVAILABLE naming the server, never a hang. A placement-only change keeps the
 experts' weights, so a retried layer computes the same outputs (up to the float32 rounding of a
 different grouping of the partial sums).
+
+A server that hangs instead of failing (stopped, or cut off without a reset) answers nothing until
+the transport's timeout. So when the control plane declares a server dead (`servers_dead`: the news
+comes at once, with the placement in force, and again with the placement that drops the server) or a
+placement without a server is adopted, the calls still waiting on that server fail at once with
+UNAVAILABLE naming it and take the failover path above, and its transport is closed; until a newer
+placement names that id again, calls to it fail at once too.
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ import time
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import grpc
 import torch
@@ -94,6 +101,9 @@ class RemoteExperts:
         self._staged: tuple[Placement, dict[str, PeerInfo]] | None = None
         self._newest = placement  # the newest placement staged or adopted
         self._retired: list[tuple[int, ExpertTransport]] = []  # (version that retired it, transport)
+        self._waiting: dict[str, set[Future]] = {}  # server -> its transports' futures not answered yet
+        # server declared dead -> (why, the placement version the news came with); until a newer placement names it again
+        self._dead: dict[str, tuple[str, int]] = {}
         self._last_layer = -1
         self._rotation = 0  # which copy computes an expert for a plan that sends every token to every expert
         self.placement = Placement(version=0)
@@ -131,11 +141,14 @@ class RemoteExperts:
     def _install(self, placement: Placement, servers: dict[str, PeerInfo]) -> None:
         check_servers(placement, servers)
         opened: dict[str, tuple[PeerInfo, ExpertTransport]] = {}
+        with self._lock:
+            current = dict(self._transports)
+            back = {sid for sid, (_, as_of) in self._dead.items() if as_of < placement.version}  # named again by a newer placement
         for sid in placement.servers():
-            have = self._transports.get(sid)
-            if have is not None and have[0].address == servers[sid].address:
+            have = current.get(sid)
+            if have is not None and have[0].address == servers[sid].address and sid not in back:
                 opened[sid] = have
-            else:
+            else:  # new, moved, or a server of that id came back after being declared dead (its transport is closed)
                 opened[sid] = (servers[sid], self.transport_for(servers[sid]))
         kept = {id(t) for _, t in opened.values()}
         layers = {layer: LayerCopies.of(copies) for layer, copies in placement.replicas.items()}
@@ -145,7 +158,40 @@ class RemoteExperts:
                     self._retired.append((placement.version, t))
             self._transports = opened
             self.placement, self._layers = placement, layers
+            for sid in back & set(placement.servers()):
+                del self._dead[sid]
+            dropped = [sid for sid in self._waiting if sid not in opened]
+        for sid in dropped:  # calls of an older placement to a server this one drops: retried on this one now
+            self._fail_waiting(sid, current[sid][0].address if sid in current else "", f"placement v{placement.version} no longer uses this server")
         self._close_retired()
+
+    def servers_dead(self, server_ids: Iterable[str], why: str, as_of_version: int) -> None:
+        """The control plane declared these servers dead (news that came with placement
+        `as_of_version`, which may still name them: the placement without them can take a while):
+        their waiting calls fail now (UNAVAILABLE naming the server, so the layer fails over on the
+        placement without them), their transports close, and calls to them fail at once until a newer
+        placement names them again."""
+        closing = []
+        with self._lock:
+            named = set(self._newest.servers()) if self._newest.version > as_of_version else set()
+            for sid in server_ids:
+                if sid in self._dead or sid in named:  # already handled, or (again) a live server of a newer placement
+                    continue
+                self._dead[sid] = (why, as_of_version)
+                have = self._transports.get(sid)
+                if have is not None:
+                    closing.append((sid, have))
+        for sid, (peer, _) in closing:
+            log.warning("expert server %s %s: failing its waiting calls over now", sid, why)
+            self._fail_waiting(sid, peer.address, why)
+        for _, (_, t) in closing:
+            t.close()
+
+    def _fail_waiting(self, server_id: str, address: str, why: str) -> None:
+        with self._lock:
+            waiting = self._waiting.pop(server_id, set())
+        for fut in waiting:
+            settle(fut, error=MeshError(grpc.StatusCode.UNAVAILABLE, why, server_id=server_id, address=address))
 
     def _close_retired(self) -> None:
         adopted = self.adopted_version
@@ -189,17 +235,26 @@ class RemoteExperts:
         with self._lock:
             self._in_flight[placement.version] += 1
         for part in parts:
+            sid = part.server_id
+            with self._lock:
+                dead = self._dead.get(sid)
             try:
-                fut = transports[part.server_id].forward(request_for(call, part, placement.version))
+                if dead is not None:
+                    raise MeshError(grpc.StatusCode.UNAVAILABLE, dead[0], server_id=sid)
+                fut = transports[sid].forward(request_for(call, part, placement.version))
             except Exception as e:  # noqa: BLE001 - e.g. encoding failed: reported like a failed call
                 fut = Future()
                 fut.set_exception(e)
+            with self._lock:
+                if not fut.done():
+                    self._waiting.setdefault(sid, set()).add(fut)
             fut.add_done_callback(lambda f, part=part: self._answered(attempt, part, f))
 
     def _answered(self, attempt: _Attempt, part: ServerPart, fut: Future) -> None:
         """A server's answer (on its transport's thread): kept, or the attempt fails; the last one sums."""
         err = fut.exception()
         with self._lock:
+            self._waiting.get(part.server_id, set()).discard(fut)
             first_failure = err is not None and not attempt.failed
             if err is None:
                 attempt.partials[part.server_id] = fut.result()
@@ -227,7 +282,9 @@ class RemoteExperts:
     def _fail_over(self, call: _LayerCall, version: int, err: MeshError) -> None:
         """Report the server, wait for a placement without it, adopt it and try the layer again."""
         log.warning("layer %d on placement v%d failed (%r): waiting for a placement without %s", call.layer, version, err, err.server_id)
-        if self.report_failure is not None:
+        with self._lock:
+            known = (self._newest.version > version and err.server_id not in self._newest.servers()) or err.server_id in self._dead
+        if self.report_failure is not None and not known:  # else the control plane has already moved on
             try:
                 self.report_failure(err.server_id, str(err))
             except Exception as e:  # noqa: BLE001 - the heartbeat timeout still finds the server
@@ -249,7 +306,7 @@ class RemoteExperts:
     def close(self) -> None:
         with self._lock:
             transports = [t for _, t in self._transports.values()] + [t for _, t in self._retired]
-            self._transports, self._retired = {}, []
+            self._transports, self._retired, self._waiting = {}, [], {}
         for t in transports:
             t.close()
 

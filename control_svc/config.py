@@ -25,6 +25,9 @@ class ControlConfig:
     rebalance_max_moves: int = field(default=0, metadata={"help": "most expert copies a periodic rebalance may load; 0 = no limit"})
     rebalance_tolerance: float = field(default=0.05, metadata={"help": "relative balance the solver trades for fewer moves"})
     redundant_experts: int | None = field(default=None, metadata={"help": "extra expert copies per MoE layer (replicas of the hottest); unset = the solver compares none and every free slot"})
+    recovery_wait_s: float = field(default=10.0, metadata={
+        "help": "after a restart, the placement is rebuilt from what the expert servers hold once expected_expert_servers re-registered, "
+                "or this long after the first did"})
     failure_probe_timeout_s: float = field(default=1.0, metadata={"help": "a server reported unreachable is declared dead when it does not answer within this"})
     max_expert_tokens_per_s: float = field(default=1e6, metadata={
         "help": "a heartbeat's token count per (layer, expert) is clamped to this rate over its load window (no forged load swamps the placement)"})
@@ -46,7 +49,7 @@ class ControlConfig:
         if self.redundant_experts is not None and self.redundant_experts < 0:
             raise ValueError(f"redundant_experts must be >= 0 (or unset), got {self.redundant_experts}")
         for name in ("heartbeat_interval_s", "dead_after_s", "prepare_timeout_s", "release_timeout_s", "failure_probe_timeout_s",
-                     "max_expert_tokens_per_s"):
+                     "max_expert_tokens_per_s", "recovery_wait_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         self.policy()  # validates the rebalance_* fields

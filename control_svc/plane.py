@@ -10,7 +10,14 @@
   again and a forced rebalance gives it experts back;
 - failover: a server that misses heartbeats for `dead_after_s`, or that an attention replica
   reports unreachable and that then fails a probe, is declared dead; its copies with replicas
-  elsewhere are dropped from the placement, its sole copies move to the others (evacuate).
+  elsewhere are dropped from the placement, its sole copies move to the others (evacuate);
+- restart: a restarted control plane starts without placement; when expert servers re-register
+  saying they have run one (a reported version > 0), the first placement is rebuilt from the experts
+  they hold (`recovery.rebuild_placement`) once `expected_expert_servers` are back, or
+  `recovery_wait_s` after the first came back. Every version is numbered above every version a
+  server or replica reported (`floor`); a replica reporting a version this plane has already reached
+  (it ran a placement from before the restart) gets the committed placement again under a higher
+  number, so it adopts it.
 """
 from __future__ import annotations
 
@@ -25,10 +32,12 @@ from control_svc.board import PlacementBoard, PlacementView
 from control_svc.config import ControlConfig
 from control_svc.load import bounded_stats, window_load
 from control_svc.placement import RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance
+from control_svc.recovery import check_held, rebuild_placement
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
 from moemesh.contracts.info import ServerInfo
-from moemesh.contracts.knobs import check_change
+from moemesh.contracts.knobs import MoeKnobs, check_change
+from moemesh.contracts.placement import LayerExperts
 from moemesh.errors import MeshError, invalid
 from moemesh.telemetry import ServiceMetrics
 
@@ -63,34 +72,91 @@ class ControlPlane:
             lambda: [r.adopted_version for r in self.registry.live_attention()],
             cfg.prepare_timeout_s,
             cfg.release_timeout_s,
+            lambda: self.floor,
         )
+        self.floor = 0  # the newest placement version a server or replica reported
+        # a server or replica reported a placement version before this plane committed any: it restarted,
+        # so its first placement is rebuilt from what the servers hold, and versions it reaches itself
+        # may repeat numbers of the old one (`note_version`)
+        self.restarted = False
+        self._inherited_knobs: tuple[int, MoeKnobs] | None = None  # (version, knobs) replicas ran before a restart
+        self._knobs_set = False  # knobs were set on this plane (they win over inherited ones)
         self._initial: asyncio.Task | None = None
+        self._recovery_timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # placement changes running in the background
         self.moving: set[str] = set()  # draining servers whose experts are being moved away
 
     # ---- registration ------------------------------------------------------------------------
-    def register_expert(self, info: ServerInfo) -> ServerInfo:
+    def register_expert(self, info: ServerInfo, held: LayerExperts | None = None, reported_version: int = 0,
+                        instance: str = "") -> ServerInfo:
+        """Register an expert server; `held` and `reported_version`: the experts it holds and the
+        newest placement version it has heard of (a server re-registering after a control plane
+        restart); `instance`: the token its heartbeats carry. MeshError INVALID_ARGUMENT for a bad
+        address or held experts the model lacks."""
+        try:
+            check_held(held or {}, self.moe_layers, self.num_experts)
+        except ValueError as e:
+            raise invalid(str(e)) from e
         # a server registering from the address of one we think alive is its restart (only one process
         # can listen there): the old one is gone, its experts fail over now rather than after dead_after_s
         for old in [r.info.server_id for r in self.registry.experts.values() if r.info.address == info.address and r.info.state != "dead"]:
             self.declare_dead(old, f"a new server registered from its address {info.address}")
-        rec = self.registry.register_expert(info)
-        log.info("expert server %s registered at %s (%s)", rec.server_id, rec.address, rec.device)
-        if self.board.version == 0 and len(self.registry.serving()) >= self.expected and self._initial is None:
-            self._initial = asyncio.get_running_loop().create_task(self.place_initial())
-        elif self.board.version > 0:
+        rec = self.registry.register_expert(info, held, reported_version, instance)
+        log.info("expert server %s registered at %s (%s)%s", rec.server_id, rec.address, rec.device,
+                 f", holding experts of placement v{reported_version}" if reported_version else "")
+        self.note_version(reported_version)
+        if self.board.version == 0:
+            if len(self.registry.serving()) >= self.expected:
+                self._start_initial()
+            elif self.restarted and self._recovery_timer is None:
+                self._recovery_timer = asyncio.get_running_loop().create_task(self._recover_after(self.cfg.recovery_wait_s))
+        else:
             self._background(self.rebalance(force=True), f"placing experts on new server {rec.server_id}", lambda: None)
         return rec
 
+    def register_attention(self, address: str, seen_version: int = 0, instance: str = "", knobs: MoeKnobs | None = None) -> str:
+        """Register an attention replica that has received placements up to `seen_version` (0: none),
+        the newest carrying `knobs`. MeshError INVALID_ARGUMENT for knobs that do not fit the model."""
+        if knobs is not None:
+            self.check_knob_set(knobs)
+        replica_id = self.registry.register_attention(address, instance)
+        self.note_version(seen_version, at_least=True)
+        if knobs is not None and seen_version > 0:
+            self._inherit_knobs(seen_version, knobs)
+        return replica_id
+
+    def _start_initial(self) -> None:
+        if self._initial is None:
+            self._initial = asyncio.get_running_loop().create_task(self.place_initial())
+
     async def place_initial(self) -> None:
-        servers = [(s.server_id, s.slot_budget) for s in self.registry.serving()]
+        """The first placement: round robin over the serving servers, or, after a restart, the one
+        their held experts make up (`rebuild_placement`); numbered above every reported version."""
+        serving = self.registry.serving()
         try:
-            placement = initial_placement(self.moe_layers, self.num_experts, servers, version=1)
-            await self.switch.switch(placement)
+            knobs = None
+            if self.restarted:
+                held = {s.server_id: self.registry.experts[s.server_id].held for s in serving}
+                placement = rebuild_placement(self.moe_layers, self.num_experts, held, {s.server_id: s.slot_budget for s in serving}, 0)
+                knobs = self._inherited_knobs and self._inherited_knobs[1]
+            else:
+                placement = initial_placement(self.moe_layers, self.num_experts, [(s.server_id, s.slot_budget) for s in serving], 0)
+            view = await self.switch.switch_with(
+                lambda current: (placement, knobs or current.knobs) if current.placement.version == 0 else None)
             self._publish_metrics()
         except Exception:
             log.exception("initial placement failed; it is retried on the next registration")
             self._initial = None
+            return
+        if view is not None:
+            if self.restarted:
+                log.info("placement rebuilt from the experts %d servers hold, as v%d", len(serving), view.placement.version)
+            if self._recovery_timer is not None:
+                self._recovery_timer.cancel()
+                self._recovery_timer = None
+            if any(s.server_id not in view.placement.servers() for s in self.registry.serving()):
+                # servers that registered while it was being made (or held nothing) get experts now
+                self._background(self.rebalance(force=True), "placing experts on servers outside the first placement", lambda: None)
 
     async def wait_placed(self, timeout_s: float) -> None:
         """Until some placement is committed (tests and `moemesh up` wait on this)."""
@@ -101,11 +167,15 @@ class ControlPlane:
                 raise TimeoutError(f"no placement committed within {timeout_s}s")
             await asyncio.sleep(0.02)
 
-    def heartbeat(self, id_: str, adopted_version: int | None, stats: Any) -> bool:
-        """Records a heartbeat (the stats bounded: `load.bounded_stats`); False for an unknown id."""
+    def heartbeat(self, id_: str, adopted_version: int | None, stats: Any, instance: str = "") -> bool:
+        """Records a heartbeat (the stats bounded: `load.bounded_stats`); False for an unknown id
+        (or one registered by another instance: `Registry.heartbeat`)."""
         if stats is not None:
             stats = bounded_stats(stats, self.moe_layers, self.num_experts, self.cfg.max_expert_tokens_per_s)
-        return self.registry.heartbeat(id_, adopted_version, stats)
+        known = self.registry.heartbeat(id_, adopted_version, stats, instance)
+        if known and adopted_version is not None and id_ in self.registry.attention:
+            self.note_version(adopted_version)
+        return known
 
     # ---- load and balance --------------------------------------------------------------------
     def load(self) -> torch.Tensor:
@@ -172,6 +242,7 @@ class ControlPlane:
 
         def build(view: PlacementView):
             self._check_placed(view)
+            self._knobs_set = True
             return view.placement, view.knobs.updated(top_k, capacity_factor, layer)
 
         view = await self.switch.switch_with(build)
@@ -185,6 +256,12 @@ class ControlPlane:
             check_change(self.moe_layers, self.num_experts, top_k, capacity_factor, layer)
         except ValueError as e:
             raise invalid(str(e)) from e
+
+    def check_knob_set(self, knobs: MoeKnobs) -> None:
+        """MeshError INVALID_ARGUMENT naming the field unless every value of `knobs` fits the model."""
+        for top_k, cf, layer in [(knobs.top_k, knobs.capacity_factor, None)] + [(s.top_k, s.capacity_factor, s.layer) for s in knobs.layers]:
+            if top_k is not None or cf is not None:
+                self.check_knobs(top_k, cf, layer)
 
     @staticmethod
     def _check_placed(view: PlacementView) -> None:
@@ -251,6 +328,7 @@ class ControlPlane:
 
         async def evacuate_and_forget() -> None:
             try:
+                await self.board.note_dead(tuple(self.registry.dead()))  # replicas fail its waiting calls over now
                 await self._evacuate(server_id)
             finally:
                 await self.ops.forget(server_id)  # its channel (and reconnect backoff) goes with it
@@ -285,14 +363,78 @@ class ControlPlane:
 
         task.add_done_callback(finished)
 
+    # ---- after a restart: versions and knobs from before it ------------------------------------
+    def note_version(self, version: int, at_least: bool = False) -> None:
+        """A server or replica has seen placement `version`. Before the first placement it raises the
+        floor the first one is numbered above (and marks this plane restarted); after, a version above
+        the committed one gets the committed placement renumbered above it, so the replica adopts it.
+        So does one equal to it, with `at_least` (a registering replica) on a restarted plane: that
+        number may have been another placement of the plane before the restart."""
+        if version <= 0:
+            return
+        committed = self.board.version
+        self.floor = max(self.floor, version)
+        if committed == 0:
+            self.restarted = True
+        elif version > committed or (at_least and self.restarted and version == committed):
+            self._background(self._renumber(), f"renumbering the placement above v{version}", lambda: None)
+
+    async def _renumber(self) -> None:
+        def build(view: PlacementView):
+            if view.placement.version == 0 or view.placement.version > self.floor:
+                return None
+            return view.placement, view.knobs
+
+        view = await self.switch.switch_with(build)
+        if view is not None:
+            log.info("placement committed again as v%d, above the versions replicas reported", view.placement.version)
+            self._publish_metrics()
+
+    def _inherit_knobs(self, version: int, knobs: MoeKnobs) -> None:
+        """A restarted plane on which no knobs were set takes over the knobs of the newest version a
+        replica reports (a restart must not change what requests run with), committing them once it
+        has a placement and they differ from its own."""
+        if not self.restarted or self._knobs_set:
+            return
+        if self._inherited_knobs is None or version > self._inherited_knobs[0]:
+            self._inherited_knobs = (version, knobs)
+        if self.board.version > 0 and self.board.current.knobs != self._inherited_knobs[1]:
+            self._background(self._take_inherited_knobs(), "taking over the knobs replicas ran before the restart", lambda: None)
+
+    async def _take_inherited_knobs(self) -> None:
+        def build(view: PlacementView):
+            if view.placement.version == 0 or self._knobs_set or self._inherited_knobs is None:
+                return None
+            knobs = self._inherited_knobs[1]
+            return None if knobs == view.knobs else (view.placement, knobs)
+
+        view = await self.switch.switch_with(build)
+        if view is not None:
+            log.info("placement v%d carries the knobs replicas ran before the restart (%s)", view.placement.version, view.knobs.describe())
+            self._publish_metrics()
+
+    async def _recover_after(self, wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
+        self._recovery_timer = None
+        if self.board.version == 0 and self.registry.serving():
+            log.warning("rebuilding the placement after %.1fs with %d of %d expected expert servers back",
+                        wait_s, len(self.registry.serving()), self.expected)
+            self._start_initial()
+
     # ---- loops -------------------------------------------------------------------------------
     async def reap_forever(self) -> None:
-        """Every heartbeat interval: declare silent servers dead (failover), refresh the metrics."""
+        """Declare silent servers dead (failover) within a tenth of `dead_after_s` (at most a heartbeat
+        interval) of their deadline; refresh the metrics every heartbeat interval."""
+        loop = asyncio.get_running_loop()
+        tick = min(self.heartbeat_interval_s, self.dead_after_s / 10)
+        metrics_due = loop.time()
         while True:
-            await asyncio.sleep(self.heartbeat_interval_s)
+            await asyncio.sleep(tick)
             for server_id in self.registry.reap(self.dead_after_s):
                 self._fail_over(server_id, f"no heartbeat for {self.dead_after_s}s")
-            self._publish_metrics()  # the load window moves on: keep the balancedness gauge current
+            if loop.time() >= metrics_due:
+                metrics_due = loop.time() + self.heartbeat_interval_s
+                self._publish_metrics()  # the load window moves on: keep the balancedness gauge current
 
     async def rebalance_forever(self) -> None:
         """Every `rebalance_interval_s`: refresh the balance metrics and rebalance when worth it."""

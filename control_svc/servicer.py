@@ -8,7 +8,7 @@ from control_svc.board import PlacementView
 from control_svc.plane import ControlPlane
 from control_svc.status import ControlStatus, gather_status
 from moemesh.contracts.wire import (
-    STATES, control_grpc, control_pb2, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
+    STATES, control_grpc, control_pb2, held_from_proto, knobs_from_proto, knobs_to_proto, placement_to_proto, server_from_proto, server_to_proto,
 )
 from moemesh.errors import MeshError
 from moemesh.rpc.protos import load
@@ -19,7 +19,8 @@ expert_pb2, _ = load("expert")
 
 def update_message(view: PlacementView):
     return control_pb2.PlacementUpdate(
-        placement=placement_to_proto(view.placement), servers=[server_to_proto(s) for s in view.servers], knobs=knobs_to_proto(view.knobs)
+        placement=placement_to_proto(view.placement), servers=[server_to_proto(s) for s in view.servers], knobs=knobs_to_proto(view.knobs),
+        dead_servers=view.dead,
     )
 
 
@@ -56,7 +57,8 @@ class ControlServicer(control_grpc.ControlServiceServicer):
 
     async def RegisterExpertServer(self, request, context):
         try:
-            info = self.plane.register_expert(server_from_proto(request.server))
+            info = self.plane.register_expert(server_from_proto(request.server), held_from_proto(request.held), request.placement_version,
+                                              request.instance)
         except MeshError as e:
             await context.abort(e.code, e.message)
         return control_pb2.RegisterExpertServerResponse(
@@ -66,7 +68,13 @@ class ControlServicer(control_grpc.ControlServiceServicer):
         )
 
     async def RegisterAttentionReplica(self, request, context):
-        replica_id = self.plane.registry.register_attention(request.address)
+        try:
+            knobs = knobs_from_proto(request.knobs) if request.HasField("knobs") else None
+            replica_id = self.plane.register_attention(request.address, request.placement_version, request.instance, knobs)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"knobs: {e}")
+        except MeshError as e:
+            await context.abort(e.code, e.message)
         return control_pb2.RegisterAttentionReplicaResponse(replica_id=replica_id, heartbeat_interval_s=self.plane.heartbeat_interval_s)
 
     async def Heartbeat(self, request, context):
@@ -74,7 +82,7 @@ class ControlServicer(control_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "id is empty")
         adopted = request.adopted_version if request.HasField("adopted_version") else None
         try:
-            known = self.plane.heartbeat(request.id, adopted, request.stats if request.HasField("stats") else None)
+            known = self.plane.heartbeat(request.id, adopted, request.stats if request.HasField("stats") else None, request.instance)
         except MeshError as e:
             await context.abort(e.code, e.message)
         rec = self.plane.registry.experts.get(request.id)

@@ -44,7 +44,7 @@ class ExpertServerOps(Protocol):
 
 
 # build(current view) -> (placement, knobs) to switch to, or None for no change; its version is
-# set by the switch (current + 1)
+# set by the switch (current + 1, and above every version reported to the control plane)
 Build = Callable[[PlacementView], "tuple[Placement, MoeKnobs] | None"]
 
 
@@ -57,12 +57,16 @@ class PlacementSwitch:
         adopted: Callable[[], list[int | None]],
         prepare_timeout_s: float,
         release_timeout_s: float,
+        floor: Callable[[], int] = lambda: 0,
     ):
-        """servers(): id -> ServerInfo of known servers; adopted(): versions live attention replicas run."""
+        """servers(): id -> ServerInfo of known servers; adopted(): versions live attention replicas run;
+        floor(): the newest version anyone reported (e.g. from before a control plane restart):
+        renumbered placements are numbered above it, so replicas adopt them."""
         self.ops = ops
         self.board = board
         self.servers = servers
         self.adopted = adopted
+        self.floor = floor
         self.prepare_timeout_s = prepare_timeout_s
         self.release_timeout_s = release_timeout_s
         self._lock = asyncio.Lock()  # one prepare + commit at a time
@@ -74,7 +78,8 @@ class PlacementSwitch:
 
     async def switch_with(self, build: Build, renumber: bool = True) -> PlacementView | None:
         """Evaluate `build` on the committed view under the lock and switch to its result (numbered
-        current + 1 when `renumber`). Returns the committed view, or None when `build` returned None."""
+        max(current, floor()) + 1 when `renumber`). Returns the committed view, or None when `build`
+        returned None."""
         self.running += 1
         try:
             async with self._lock:
@@ -84,7 +89,7 @@ class PlacementSwitch:
                     return None
                 new, knobs = built
                 if renumber:
-                    new = dataclasses.replace(new, version=current.placement.version + 1)
+                    new = dataclasses.replace(new, version=max(current.placement.version, self.floor()) + 1)
                 diff = placement_diff(current.placement, new)
                 known = self.servers()
                 missing = sorted(set(new.servers()) - set(known))
@@ -94,7 +99,8 @@ class PlacementSwitch:
                 if dead:
                     raise MeshError(grpc.StatusCode.ABORTED, f"placement v{new.version} names dead servers {dead}")
                 await self.prepare(diff.loads, known, new.version)
-                view = PlacementView(new, tuple(known[s] for s in new.servers()), knobs)
+                dead = tuple(sorted(s for s, info in known.items() if info.state == "dead"))
+                view = PlacementView(new, tuple(known[s] for s in new.servers()), knobs, dead)
                 await self.board.publish(view)
                 log.info("placement v%d committed over %d servers (%s)", new.version, len(new.servers()), knobs.describe())
             await self.release(diff.drops, new.version)

@@ -1,20 +1,29 @@
 """`ControlAgent`: an expert server's conversation with the control plane.
 
 Register (address, device, memory, slot budget, host id, dist endpoint) -> server id; heartbeat at
-the interval the control plane asks for, re-registering if it forgot us; on drain, tell it and
-deregister. The control plane drives placement by calling LoadExperts/DropExperts on the server.
+the interval the control plane asks for; on drain, tell it and deregister. The control plane drives
+placement by calling LoadExperts/DropExperts on the server.
+
+When the control plane forgets the server (it restarted, or declared the server dead: a heartbeat
+answers `known=false`), the agent registers again with the id it had, the experts it holds and the
+newest placement version it has heard of, so a restarted control plane can rebuild its placement
+from what the servers hold; then `on_registered` gets the placement the answer carries. A failed
+heartbeat or registration is logged and tried again at the next interval: the loop never ends on
+its own.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from typing import Callable
+import uuid
+from typing import Awaitable, Callable
 
 import grpc
 
 from moemesh.contracts.info import ServerInfo
-from moemesh.contracts.placement import Placement
-from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_to_proto
+from moemesh.contracts.placement import LayerExperts, Placement
+from moemesh.contracts.wire import control_grpc, control_pb2, held_to_proto, placement_from_proto, server_to_proto
 from moemesh.errors import MeshError
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.server import make_channel
@@ -23,18 +32,27 @@ log = logging.getLogger(__name__)
 
 
 class ControlAgent:
-    def __init__(self, control_addr: str, rpc: RpcConfig, info: ServerInfo, stats: Callable[[], object]):
-        """stats() -> moemesh.v1.ExpertStats sent with each heartbeat."""
+    def __init__(self, control_addr: str, rpc: RpcConfig, info: ServerInfo, stats: Callable[[], object],
+                 held: Callable[[], LayerExperts] = dict):
+        """stats() -> moemesh.v1.ExpertStats sent with each heartbeat; held() -> the experts the
+        server holds, reported when it registers."""
         self.info = info
         self.stats = stats
+        self.held = held
         self.channel = make_channel(control_addr, rpc)
         self.stub = control_grpc.ControlServiceStub(self.channel)
         self.server_id = ""
+        self.instance = uuid.uuid4().hex  # this process: a restarted control plane's ids may repeat
+        self.placement_version = 0  # the newest placement version heard of
         self.interval_s = 1.0
 
     async def register(self, timeout_s: float = 30.0) -> Placement:
-        """Register, retrying while the control plane is not up yet; returns the current placement."""
-        request = control_pb2.RegisterExpertServerRequest(server=server_to_proto(self.info))
+        """Register (again: with the id, experts and placement version this server has), retrying
+        while the control plane is not up yet; returns the current placement."""
+        request = control_pb2.RegisterExpertServerRequest(
+            server=server_to_proto(dataclasses.replace(self.info, server_id=self.server_id)), held=held_to_proto(self.held()),
+            placement_version=self.placement_version, instance=self.instance,
+        )
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             try:
@@ -47,18 +65,37 @@ class ControlAgent:
                     raise TimeoutError(f"control plane did not answer RegisterExpertServer within {timeout_s}s: {e.details()}") from e
         self.server_id = resp.server_id
         self.interval_s = resp.heartbeat_interval_s or self.interval_s
-        return placement_from_proto(resp.placement)
+        placement = placement_from_proto(resp.placement)
+        self.placement_version = max(self.placement_version, placement.version)
+        return placement
 
-    async def heartbeat_forever(self) -> None:
+    def heard_of(self, version: int) -> None:
+        """Placement `version` exists (e.g. a LoadExperts for it arrived): reported when registering again."""
+        self.placement_version = max(self.placement_version, version)
+
+    def _heartbeat_request(self):
+        return control_pb2.HeartbeatRequest(id=self.server_id, stats=self.stats(), instance=self.instance)
+
+    async def heartbeat_forever(self, on_registered: Callable[[Placement], Awaitable[None]] | None = None) -> None:
+        """Heartbeat every interval; when the control plane does not know this server, register again
+        and hand the placement it answers to `on_registered`. Failures are logged, never fatal."""
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                resp = await self.stub.Heartbeat(control_pb2.HeartbeatRequest(id=self.server_id, stats=self.stats()), timeout=5)
-                if not resp.known:
-                    log.warning("control plane does not know %s any more: registering again", self.server_id)
-                    await self.register()
+                resp = await self.stub.Heartbeat(self._heartbeat_request(), timeout=5)
+                if resp.known:
+                    self.placement_version = max(self.placement_version, resp.placement_version)
+                    continue
+                log.warning("control plane does not know %s any more: registering again (holding experts of placement v%d)",
+                            self.server_id, self.placement_version)
+                placement = await self.register()
+                log.info("registered again as %s; the control plane's placement is v%d", self.server_id, placement.version)
+                if on_registered is not None:
+                    await on_registered(placement)
             except grpc.aio.AioRpcError as e:
                 log.warning("heartbeat to the control plane failed: %s", e.details())
+            except Exception:  # noqa: BLE001 - e.g. registering timed out: the next interval tries again
+                log.exception("heartbeat or registration with the control plane failed")
 
     async def check_drop(self, experts: dict[int, list[int]]) -> None:
         """Before a DropExperts: MeshError FAILED_PRECONDITION when the control plane's committed
@@ -86,7 +123,7 @@ class ControlAgent:
     async def still_moving(self) -> bool:
         """While draining: is the control plane still moving our experts away? False when it is
         done, gave up, or cannot be reached (then nobody will release us)."""
-        resp = await self._best_effort(self.stub.Heartbeat, control_pb2.HeartbeatRequest(id=self.server_id, stats=self.stats()))
+        resp = await self._best_effort(self.stub.Heartbeat, self._heartbeat_request())
         return bool(resp is not None and resp.moving)
 
     async def deregister(self) -> None:

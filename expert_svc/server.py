@@ -70,15 +70,52 @@ class ExpertServer:
         if not self.cfg.control_addr:
             return
         try:
-            self.agent = ControlAgent(self.cfg.control_addr, self.cfg.rpc, self.info(), lambda: stats_message(self.shard, gpu=self.gpu))
-            self.servicer.drop_guard = self.agent.check_drop
+            self.attach(ControlAgent(self.cfg.control_addr, self.cfg.rpc, self.info(), lambda: stats_message(self.shard, gpu=self.gpu),
+                                     self.shard.held))
             placement = await self.agent.register()
-            for layer, experts in placement.experts_on(self.agent.server_id).items():
-                await asyncio.to_thread(self.shard.load, layer, experts)
-            self._beats = asyncio.create_task(self.agent.heartbeat_forever())
+            await self._load_placed(placement)
+            self._beats = asyncio.create_task(self.agent.heartbeat_forever(self._registered_again))
         except BaseException:
             await self._close()
             raise
+
+    def attach(self, agent: ControlAgent) -> None:
+        """Talk to the control plane through `agent`: drops are checked with it, and the placement
+        version of every LoadExperts / DropExperts counts as heard of (a server holding copies a
+        control plane loaded for a placement reports it when it registers again, even if no heartbeat
+        told it that placement was committed before that control plane went away)."""
+        self.agent = agent
+        self.servicer.drop_guard = agent.check_drop
+        self.servicer.version_seen = agent.heard_of
+
+    async def _load_placed(self, placement) -> None:
+        for layer, experts in placement.experts_on(self.agent.server_id).items():
+            await asyncio.to_thread(self.shard.load, layer, experts)
+
+    async def _registered_again(self, placement) -> None:
+        """After registering again: with a placement (the control plane had declared this server dead,
+        or rebuilt its placement before this server came back), the copies it does not give this
+        server are stale: dropped, so they hold no slots the control plane counts as free, and those
+        it gives are loaded. Without one (a restarted control plane rebuilding from what the servers
+        hold) everything stays. An expert a LoadExperts or DropExperts changed for a newer placement
+        meanwhile (the join rebalance the registration started) is left as that call made it."""
+        if placement.version == 0:
+            return
+        async with self.servicer.changing:
+            def newer(layer: int, e: int) -> bool:
+                return self.servicer.changed_at.get((layer, e), 0) > placement.version
+
+            placed = placement.experts_on(self.agent.server_id)
+            for layer, experts in self.shard.held().items():
+                stale = [e for e in experts if e not in placed.get(layer, ()) and not newer(layer, e)]
+                if stale:
+                    log.info("dropping layer %d experts %s: placement v%d does not give them to %s", layer, stale, placement.version,
+                             self.agent.server_id)
+                    await asyncio.to_thread(self.shard.drop, layer, stale)
+            for layer, experts in placed.items():
+                wanted = [e for e in experts if not newer(layer, e)]
+                if wanted:
+                    await asyncio.to_thread(self.shard.load, layer, wanted)
 
     async def drain(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ import torch
 
 from expert_svc.dist_hub import CLIENT_RANK, DistHub
 from expert_svc.shard import ExpertShard
+from moemesh.contracts.wire import held_to_proto
 from moemesh.errors import MeshError, invalid
 from moemesh.rpc.protos import load
 from moemesh.telemetry.gpu import UNAVAILABLE, GpuTelemetry
@@ -45,10 +46,6 @@ def failure_of(e: Exception, what: str) -> MeshError:
     return MeshError(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
 
-def expert_set(held: dict[int, tuple[int, ...]]):
-    return expert_pb2.ExpertSet(experts=[expert_pb2.LayerExperts(layer=l, expert_ids=es) for l, es in held.items()])
-
-
 class ExpertServicer(expert_grpc.ExpertServiceServicer):
     def __init__(
         self, shard: ExpertShard, pool: ThreadPoolExecutor, dist: DistHub | None = None,
@@ -67,6 +64,12 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         self.dist = dist
         # with a control plane: `ControlAgent.check_drop`, which refuses drops of experts still placed here
         self.drop_guard: Callable[[dict[int, list[int]]], Awaitable[None]] | None = None
+        # held by LoadExperts / DropExperts and by the server sorting out its copies after it registered
+        # again (`ExpertServer._registered_again`), so neither undoes the other halfway
+        self.changing = asyncio.Lock()
+        # (layer, expert) -> the newest placement version a LoadExperts or DropExperts changed it for
+        self.changed_at: dict[tuple[int, int], int] = {}
+        self.version_seen: Callable[[int], None] = lambda version: None  # the placement version of each Load/Drop
 
     async def _call(self, fn, *args, inline: bool = False):
         """fn(*args) on the compute pool (or here, `inline`); failures raise MeshError with their status."""
@@ -100,9 +103,16 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
             yield resp
 
     async def LoadExperts(self, request, context):
-        for le in request.experts:
-            await self._run(context, self.shard.load, le.layer, list(le.expert_ids))
-        return expert_set(self.shard.held())
+        async with self.changing:
+            for le in request.experts:
+                await self._run(context, self.shard.load, le.layer, list(le.expert_ids))
+                self._changed(le, request.placement_version)
+        return held_to_proto(self.shard.held())
+
+    def _changed(self, le, version: int) -> None:
+        self.version_seen(version)
+        for e in le.expert_ids:
+            self.changed_at[(le.layer, e)] = max(self.changed_at.get((le.layer, e), 0), version)
 
     async def DropExperts(self, request, context):
         if self.drop_guard is not None:
@@ -110,9 +120,11 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 await self.drop_guard({le.layer: list(le.expert_ids) for le in request.experts})
             except MeshError as e:
                 await context.abort(e.code, e.message)
-        for le in request.experts:
-            await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
-        return expert_set(self.shard.held())
+        async with self.changing:
+            for le in request.experts:
+                await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
+                self._changed(le, request.placement_version)
+        return held_to_proto(self.shard.held())
 
     async def GetStats(self, request, context):
         return stats_message(self.shard, reset=request.reset, gpu=self.gpu)
@@ -145,6 +157,6 @@ def stats_message(shard: ExpertShard, reset: bool = False, gpu: GpuTelemetry | N
         busy_seconds=snap.busy_seconds,
         requests=snap.requests,
         window_seconds=snap.window_seconds,
-        held=expert_set(shard.held()),
+        held=held_to_proto(shard.held()),
         gpu=gpu_message(gpu),
     )

@@ -10,8 +10,16 @@ from torch import Tensor
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
+# Quantizers work through a weight in slabs of about this many elements (whole rows, or whole block
+# rows), so that every temporary of the float32 arithmetic stays a few MiB (cache-sized, and no
+# full-size float32 copy of the weight is ever made).
+CHUNK_ELEMENTS = 1 << 20
+
+
 def check_dense_weight(w: Tensor, name: str = "w") -> Tensor:
-    """Accept [E, N, K] (or [N, K], treated as E=1) finite float weights; return [E, N, K] float32."""
+    """Accept [E, N, K] (or [N, K], treated as E=1) float weights; return [E, N, K] in their own dtype
+    (no copy). Finiteness is checked by the quantizers on the block maxima they compute anyway
+    (`check_finite`): a NaN or inf anywhere makes its block's maximum non-finite."""
     if not isinstance(w, Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(w).__name__}")
     if w.dtype not in FLOAT_INPUTS:
@@ -20,9 +28,26 @@ def check_dense_weight(w: Tensor, name: str = "w") -> Tensor:
         w = w.unsqueeze(0)
     if w.dim() != 3 or w.numel() == 0:
         raise ValueError(f"{name}: expected a non-empty [E, N, K] or [N, K] tensor, got shape {tuple(w.shape)}")
-    if not bool(torch.isfinite(w).all()):
+    return w
+
+
+def check_finite(amax: Tensor, name: str = "w") -> None:
+    """amax: maxima of |w| over blocks (NaN or inf where a block holds one) -> ValueError unless all finite."""
+    if not bool(torch.isfinite(amax).all()):
         raise ValueError(f"{name}: contains NaN or inf; quantized formats only hold finite weights")
-    return w.float()
+
+
+def abs_max(x: Tensor) -> Tensor:
+    """x [..., B] -> max |x| over the last dim [...], in one pass over x (NaN propagates)."""
+    lo, hi = torch.aminmax(x, dim=-1)
+    return torch.maximum(hi, lo.neg_())
+
+
+def row_chunks(rows: int, row_elements: int, multiple: int = 1) -> list[slice]:
+    """Split `rows` rows of `row_elements` elements into slices of whole rows, each a multiple of
+    `multiple` rows (but the last) holding about CHUNK_ELEMENTS elements."""
+    step = max(1, CHUNK_ELEMENTS // max(1, row_elements * multiple)) * multiple
+    return [slice(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
 def check_segments(rows: int, segments: int, name: str = "segments") -> int:

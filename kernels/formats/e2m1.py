@@ -16,24 +16,38 @@ from kernels.formats.lookup import lookup
 
 E2M1_MAX = 6.0
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-# Midpoints between consecutive magnitudes; the codes below those marked odd are odd (1, 3, 5),
-# so a tie there rounds up to the even code.
-_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_TIES_ROUNDING_UP = (0.75, 1.75, 3.5)
+# Encoding works on the float32 bits of |x| (clamped to 6): from 1 up the E2M1 magnitudes are the
+# floats with one mantissa bit, so rounding the float32 mantissa to its top bit (half to even, by
+# adding 0x1FFFFF plus that bit's value) rounds to the nearest magnitude with ties to the even code,
+# and the top 9 bits (exponent, mantissa bit) minus 252 are the code (1.0 -> 2, ..., 6.0 -> 7).
+# Below 1 the magnitudes are multiples of 0.5: adding 2^22 (whose float32 ulp is 0.5) rounds half
+# to even there, and the float32 bits minus those of 2^22 are the code (0, 1, 2).
+_HALF_ULP = 0x1FFFFF
+_CODE_OF_ONE = 252  # (bits of 1.0) >> 22 is 254, the code of 1.0 is 2
+_ULP_HALF_MAGIC = 4194304.0  # 2^22
+_ULP_HALF_MAGIC_BITS = 0x4A800000
 
 
 def encode_e2m1(x: Tensor) -> Tensor:
-    """x [...] float (already divided by its scale) -> codes [...] uint8 in 0..15."""
+    """x [...] float (already divided by its scale) -> codes [...] uint8 in 0..15, rounded half to even
+    on the code, saturated at +-6; the sign bit is the input's."""
     x = x.float()
-    mag = x.abs()
-    bounds = torch.tensor(_MIDPOINTS, dtype=torch.float32, device=x.device)
-    code = torch.bucketize(mag, bounds, right=False)  # number of midpoints strictly below mag
-    tie_up = torch.zeros_like(mag, dtype=torch.bool)
-    for t in _TIES_ROUNDING_UP:
-        tie_up |= mag == t
-    code = (code + tie_up.to(code.dtype)).clamp(max=7)
-    sign = torch.signbit(x).to(torch.uint8) << 3
-    return code.to(torch.uint8) | sign
+    mag = x.abs().clamp_(max=E2M1_MAX)
+    bits = mag.view(torch.int32)
+    normal = (bits >> 22).bitwise_and_(1).add_(bits).add_(_HALF_ULP - (_CODE_OF_ONE << 22)).bitwise_right_shift_(22)
+    small = (mag + _ULP_HALF_MAGIC).view(torch.int32).sub_(_ULP_HALF_MAGIC_BITS)
+    code = torch.where(mag < 1.0, small, normal)
+    code.bitwise_or_((x.view(torch.int32) >> 28).bitwise_and_(8))  # bit 31 (sign) -> bit 3
+    return code.to(torch.uint8)
+
+
+def encode_packed_e2m1(x: Tensor) -> Tensor:
+    """x [..., K] float (K even, already divided by its scales) -> bytes [..., K/2] uint8: element 2i
+    in the low nibble (encoded as `encode_e2m1`), with no separate pack pass."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"x: last dim must be even, got {x.shape[-1]}")
+    lo = encode_e2m1(x[..., 0::2])
+    return lo.bitwise_or_(encode_e2m1(x[..., 1::2]).bitwise_left_shift_(4))
 
 
 def decode_e2m1(codes: Tensor) -> Tensor:
@@ -58,14 +72,6 @@ def decode_packed_e2m1(packed: Tensor, dtype: torch.dtype = torch.float32) -> Te
     pairs = e2m1_pair_table(dtype, packed.device).unsqueeze(0)  # [1, 256, 2]
     out = lookup(pairs, packed.to(torch.int32))  # [..., K/2, 2]
     return out.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
-
-
-def pack_nibbles(codes: Tensor) -> Tensor:
-    """codes [..., K] uint8 (K even) -> bytes [..., K/2]; element 2i in the low nibble."""
-    if codes.shape[-1] % 2:
-        raise ValueError(f"codes: last dim must be even, got {codes.shape[-1]}")
-    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
-    return (pairs[..., 0] & 0x0F) | ((pairs[..., 1] & 0x0F) << 4)
 
 
 def unpack_nibbles(packed: Tensor) -> Tensor:

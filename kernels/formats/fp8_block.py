@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows
+from kernels.formats.checks import check_dense_weight, check_dtype, check_finite, check_segments, check_shape, expert_rows, row_chunks
 from kernels.formats.lookup import keyed_index, lookup
 
 FP8_MAX = 448.0
@@ -102,19 +102,27 @@ class FP8BlockExperts:
 
 
 def _quantize_segment(w: Tensor, block: tuple[int, int], scale_fmt: str | None) -> tuple[Tensor, Tensor]:
-    """w [E, n, K] float32 -> (weight [E, n, K] e4m3, scale [E, ceil(n/BN), ceil(K/BK)])."""
+    """w [E, n, K] float -> (weight [E, n, K] e4m3, scale [E, ceil(n/BN), ceil(K/BK)]), one expert and
+    one slab of whole block rows at a time (no full-size float32 copy of the weight)."""
     e, n, k = w.shape
     bn, bk = block
     nb, kb = math.ceil(n / bn), math.ceil(k / bk)
-    padded = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))  # [E, NB*BN, KB*BK]
-    blocks = padded.reshape(e, nb, bn, kb, bk)
-    amax = blocks.abs().amax(dim=(2, 4))  # [E, NB, KB]
-    scale = amax / FP8_MAX
-    if scale_fmt == "ue8m0":
-        scale = torch.exp2(torch.ceil(torch.log2(scale)))
-    scale = torch.where(amax > 0, scale, torch.ones_like(scale))
-    q = (blocks / scale[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    q = q.reshape(e, nb * bn, kb * bk)[:, :n, :k].contiguous()
+    q = torch.empty(e, n, k, dtype=torch.float8_e4m3fn, device=w.device)
+    scale = torch.empty(e, nb, kb, dtype=torch.float32, device=w.device)
+    for i in range(e):
+        for part in row_chunks(n, kb * bk, multiple=bn):
+            x = w[i, part].float()  # [r, K]
+            r, rb = x.shape[0], math.ceil(x.shape[0] / bn)
+            blocks = torch.nn.functional.pad(x, (0, kb * bk - k, 0, rb * bn - r)).view(rb, bn, kb, bk)
+            amax = blocks.abs().amax(dim=(1, 3))  # [rb, KB]
+            check_finite(amax)
+            s = amax / FP8_MAX
+            if scale_fmt == "ue8m0":
+                s = torch.exp2(torch.ceil(torch.log2(s)))
+            s = torch.where(amax > 0, s, torch.ones_like(s))
+            qb = (blocks / s[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            q[i, part] = qb.view(rb * bn, kb * bk)[:r, :k]
+            scale[i, part.start // bn : part.start // bn + rb] = s
     return q, scale
 
 

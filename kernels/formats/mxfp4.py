@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, expert_rows, pad_last
-from kernels.formats.e2m1 import e2m1_pair_table, encode_e2m1, pack_nibbles
+from kernels.formats.checks import abs_max, check_dense_weight, check_dtype, check_finite, check_segments, expert_rows, pad_last, row_chunks
+from kernels.formats.e2m1 import e2m1_pair_table, encode_packed_e2m1
 from kernels.formats.lookup import byte_span, keyed_index, lookup
 
 BLOCK = 32
@@ -93,16 +93,30 @@ def mxfp4_scale_exponent(amax: Tensor) -> Tensor:
     return (floor_log2 - E2M1_MAX_POW2).clamp(-E8M0_BIAS, E8M0_BIAS).to(torch.int32)
 
 
+def exact_pow2(n: Tensor) -> Tensor:
+    """n [...] int32 in [-127, 127] -> 2^n [...] float32, exactly (2^-127 as the subnormal it is)."""
+    normal = (n + 127).clamp_(min=0).bitwise_left_shift_(23)
+    return torch.where(n >= -126, normal, torch.full_like(normal, 0x00400000)).view(torch.float32)
+
+
 def quantize_mxfp4(w: Tensor, segments: int = 1) -> MXFP4Experts:
-    """w [E, N, K] or [N, K] float (finite) -> MXFP4Experts (FLOOR scales)."""
+    """w [E, N, K] or [N, K] float (finite) -> MXFP4Experts (FLOOR scales). Rows are quantized in
+    cache-sized slabs: block maxima, scale exponents, elements times 2^-exponent, encoded and packed."""
     w = check_dense_weight(w)
     check_segments(w.shape[1], segments)
     e, n, k = w.shape
-    blocks = pad_last(w, BLOCK).reshape(e, n, -1, BLOCK)  # [E, N, KB, 32]
-    exp = mxfp4_scale_exponent(blocks.abs().amax(dim=-1))  # [E, N, KB]
-    scaled = torch.ldexp(blocks, (-exp).unsqueeze(-1).float())
-    codes = encode_e2m1(scaled)  # [E, N, KB, 32]
-    return MXFP4Experts(pack_nibbles(codes), (exp + E8M0_BIAS).to(torch.uint8), k, segments)
+    kb = -(-k // BLOCK)
+    rows = w.reshape(e * n, k)  # [R, K], a view where w is contiguous
+    blocks = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)
+    scales = torch.empty(e * n, kb, dtype=torch.uint8, device=w.device)
+    for part in row_chunks(e * n, kb * BLOCK):
+        x = pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK)  # [r, KB, 32]
+        amax = abs_max(x)  # [r, KB]
+        check_finite(amax)
+        exp = mxfp4_scale_exponent(amax)
+        scales[part] = (exp + E8M0_BIAS).to(torch.uint8)
+        blocks[part] = encode_packed_e2m1(x * exact_pow2(-exp).unsqueeze(-1))  # [r, KB, 16]
+    return MXFP4Experts(blocks.view(e, n, kb, BLOCK // 2), scales.view(e, n, kb), k, segments)
 
 
 def mxfp4_from_gpt_oss(blocks: Tensor, scales: Tensor, k: int | None = None, interleaved_gate_up: bool = False) -> MXFP4Experts:

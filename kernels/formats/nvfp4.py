@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import check_dense_weight, check_dtype, check_segments, check_shape, expert_rows, pad_last
-from kernels.formats.e2m1 import E2M1_MAX, e2m1_pair_table, encode_e2m1, pack_nibbles
+from kernels.formats.checks import (
+    abs_max, check_dense_weight, check_dtype, check_finite, check_segments, check_shape, expert_rows, pad_last, row_chunks,
+)
+from kernels.formats.e2m1 import E2M1_MAX, e2m1_pair_table, encode_packed_e2m1
 from kernels.formats.lookup import byte_span, keyed_index, lookup
 
 BLOCK = 16
@@ -116,33 +118,31 @@ class NVFP4Experts:
         )
 
 
-def _quantize_segment(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """w [E, n, K] float32 -> (weight [E, n, KP/2], weight_scale [E, n, KP/16], weight_scale_2 [E])."""
-    e, n, _ = w.shape
-    amax = w.abs().reshape(e, -1).amax(dim=-1)  # [E]
-    scale_2 = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX), torch.ones_like(amax))  # [E]
-    blocks = pad_last(w, BLOCK).reshape(e, n, -1, BLOCK)  # [E, n, KP/16, 16]
-    block_scale = blocks.abs().amax(dim=-1) / E2M1_MAX  # [E, n, KP/16]
-    scaled = (block_scale / scale_2[:, None, None]).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
-    scale_e4m3 = torch.where(scaled > 0, scaled, torch.ones_like(scaled)).to(torch.float8_e4m3fn)
-    reciprocal = (1.0 / scale_2)[:, None, None] / scale_e4m3.float()  # [E, n, KP/16]
-    data = (blocks * reciprocal.unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX)
-    codes = encode_e2m1(data).flatten(-2)  # [E, n, KP]
-    return pack_nibbles(codes), scale_e4m3, scale_2
-
-
 def quantize_nvfp4(w: Tensor, segments: int = 1) -> NVFP4Experts:
-    """w [E, N, K] or [N, K] float (finite) -> NVFP4Experts; each segment gets its own weight_scale_2."""
+    """w [E, N, K] or [N, K] float (finite) -> NVFP4Experts; each segment gets its own weight_scale_2.
+    Two passes over cache-sized slabs of rows: block maxima (from which the scales follow), then the
+    elements times their reciprocal scale, encoded and packed."""
     w = check_dense_weight(w)
     seg_rows = check_segments(w.shape[1], segments)
-    parts = [_quantize_segment(w[:, i * seg_rows : (i + 1) * seg_rows]) for i in range(segments)]
-    return NVFP4Experts(
-        torch.cat([p[0] for p in parts], dim=1),
-        torch.cat([p[1] for p in parts], dim=1),
-        torch.stack([p[2] for p in parts], dim=1),
-        w.shape[-1],
-        segments,
-    )
+    e, n, k = w.shape
+    kb = -(-k // BLOCK)
+    rows = w.reshape(e * n, k)  # [R, K], a view where w is contiguous
+    chunks = row_chunks(e * n, kb * BLOCK)
+    bmax = torch.empty(e * n, kb, dtype=torch.float32, device=w.device)  # [R, KB]
+    for part in chunks:
+        bmax[part] = abs_max(pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK))
+    check_finite(bmax)
+    bmax = bmax.view(e, segments, seg_rows, kb)  # [E, S, n, KB]
+    amax = bmax.amax(dim=(2, 3))  # [E, S]
+    scale_2 = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX), torch.ones_like(amax))  # [E, S]
+    scaled = ((bmax / E2M1_MAX) / scale_2[..., None, None]).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
+    scale_e4m3 = torch.where(scaled > 0, scaled, torch.ones_like(scaled)).to(torch.float8_e4m3fn)  # [E, S, n, KB]
+    reciprocal = ((1.0 / scale_2)[..., None, None] / scale_e4m3.float()).reshape(e * n, kb)  # [R, KB]
+    packed = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)  # [R, KB, 8]
+    for part in chunks:
+        x = pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK)  # [r, KB, 16]
+        packed[part] = encode_packed_e2m1(x * reciprocal[part].unsqueeze(-1))
+    return NVFP4Experts(packed.view(e, n, kb * BLOCK // 2), scale_e4m3.view(e, n, kb), scale_2, k, segments)
 
 
 def nvfp4_from_modelopt(

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from moemesh.contracts.info import LoadReport, ModelInfo, ServerInfo
 from moemesh.contracts.knobs import LayerKnobs, MoeKnobs
-from moemesh.contracts.placement import Placement
+from moemesh.contracts.placement import LayerExperts, Placement
 from moemesh.rpc.protos import load
 
 control_pb2, control_grpc = load("control")
+expert_pb2, _ = load("expert")
 attention_pb2, attention_grpc = load("attention")
 
 STATES = {
@@ -36,6 +37,19 @@ def placement_from_proto(msg) -> Placement:
         version=msg.version,
         replicas={lp.layer: tuple(tuple(er.server_ids) for er in lp.experts) for lp in msg.layers},
     )
+
+
+def held_to_proto(held: LayerExperts):
+    """layer -> experts as a moemesh.v1.ExpertSet."""
+    return expert_pb2.ExpertSet(experts=[expert_pb2.LayerExperts(layer=l, expert_ids=list(es)) for l, es in sorted(held.items())])
+
+
+def held_from_proto(msg) -> LayerExperts:
+    """A moemesh.v1.ExpertSet as layer -> experts (ascending, each once; empty layers left out)."""
+    out: dict[int, set[int]] = {}
+    for le in msg.experts:
+        out.setdefault(le.layer, set()).update(le.expert_ids)
+    return {layer: tuple(sorted(es)) for layer, es in sorted(out.items()) if es}
 
 
 def server_to_proto(s: ServerInfo):

@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 
 from moemesh.rpc.security import SecurityConfig
 
+# a channel whose peer went away tries to reconnect after a backoff growing up to this (gRPC's own
+# default, 120 s, would leave a service talking to a restarted control plane minutes after it is back)
+MAX_RECONNECT_BACKOFF_MS = 2000
+
 
 @dataclass(frozen=True)
 class RpcConfig:
@@ -45,6 +49,7 @@ class RpcConfig:
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
         ]
 
     def server_options(self) -> list[tuple[str, int]]:

@@ -54,8 +54,8 @@ def make_plane(**cfg):
     clock = Clock()
     ops = FakeOps()
     metrics = ServiceMetrics("control")
-    config = ControlConfig(model_dir="unused", rpc=TEST_RPC, expected_expert_servers=2, heartbeat_interval_s=0.01, dead_after_s=1.0,
-                           release_timeout_s=0.05, rebalance_min_tokens=100, **cfg)
+    config = ControlConfig(**{"model_dir": "unused", "rpc": TEST_RPC, "expected_expert_servers": 2, "heartbeat_interval_s": 0.01,
+                              "dead_after_s": 1.0, "release_timeout_s": 0.05, "rebalance_min_tokens": 100, **cfg})
     return ControlPlane(LAYERS, 8, config, ops, Registry(clock=clock), metrics), ops, clock, metrics
 
 
@@ -149,6 +149,79 @@ def test_silent_server_is_declared_dead_and_its_experts_move():
         assert plane.registry.experts["expert-1"].info.state == "dead"
         assert plane.board.current.placement.servers() == ("expert-0",)
         assert len(ops.held["expert-0"]) == 16
+
+    asyncio.run(main())
+
+
+def test_the_placement_without_a_dead_server_names_it_dead_to_the_replicas():
+    """The update that drops a server lists it (PlacementUpdate.dead_servers): replicas fail the calls
+    still waiting on it at once instead of waiting for their timeout."""
+    from control_svc.servicer import update_message
+
+    async def main():
+        plane, _, _, _ = make_plane()
+        await two_servers(plane)
+        assert plane.board.current.dead == () and list(update_message(plane.board.current).dead_servers) == []
+        assert plane.declare_dead("expert-1", "test")
+        await settle(plane)
+        view = plane.board.current
+        assert view.placement.servers() == ("expert-0",)
+        assert view.dead == ("expert-1",) and list(update_message(view).dead_servers) == ["expert-1"]
+
+    asyncio.run(main())
+
+
+def test_replicas_hear_of_a_death_at_once_even_when_no_placement_without_the_server_comes():
+    """A death notice goes to the watchers before the failover's placement: here the survivor cannot
+    load the dead server's sole copies, so that placement never comes, yet the replicas are told (the
+    committed version again, listing the server) and fail its waiting calls now. A watcher that
+    subscribes afterwards at that version hears it first of all."""
+    async def main():
+        plane, ops, _, _ = make_plane()
+        await two_servers(plane)  # round robin: every copy sole
+        version = plane.board.version
+        heard = []
+
+        async def watch(after):
+            async for view in plane.board.watch(after):
+                heard.append((after, view.placement.version, view.dead))
+
+        early = asyncio.create_task(watch(version))
+        await asyncio.sleep(0.01)
+        ops.down.add("expert-0")  # loads on the survivor fail: no placement without expert-1
+        assert plane.declare_dead("expert-1", "test")
+        await settle(plane)
+        assert plane.board.version == version and "expert-1" in plane.board.current.placement.servers()
+        late = asyncio.create_task(watch(version))
+        for _ in range(100):
+            if len(heard) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        early.cancel()
+        late.cancel()
+        assert sorted(heard) == [(version, version, ("expert-1",))] * 2
+
+    asyncio.run(main())
+
+
+def test_a_silent_server_is_declared_dead_within_a_tenth_of_dead_after_not_a_heartbeat_interval():
+    """The reaper looks every dead_after_s / 10 when that is shorter than the heartbeat interval, so a
+    hung server's calls fail over about dead_after_s after its last heartbeat."""
+    async def main():
+        plane, _, clock, _ = make_plane(heartbeat_interval_s=4.0, dead_after_s=5.0)
+        await two_servers(plane)
+        clock.t = 5.5  # expert-1 silent past dead_after_s: the next look declares it dead
+        plane.heartbeat("expert-0", None, None)
+        reaper = asyncio.create_task(plane.reap_forever())
+        try:
+            for _ in range(300):  # up to 3 s, under the 4 s heartbeat interval
+                if plane.registry.experts["expert-1"].info.state == "dead":
+                    break
+                await asyncio.sleep(0.01)
+            assert plane.registry.experts["expert-1"].info.state == "dead"
+        finally:
+            reaper.cancel()
+        await settle(plane)
 
     asyncio.run(main())
 

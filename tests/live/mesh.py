@@ -15,7 +15,9 @@ from pathlib import Path
 import grpc
 
 from moemesh.launcher.child import Child, stop_all
+from moemesh.launcher.health import wait_serving
 from moemesh.rpc.generation import build_request
+from tests.fixtures.auth import TEST_RPC, token_env
 from tests.fixtures.services import gen_grpc, start_service
 
 
@@ -86,6 +88,20 @@ class LiveMesh:
         os.kill(self.children[name].proc.pid, signal.SIGKILL)
         self.children[name].proc.wait(10)
 
+    def restart(self, name: str, address: str, timeout_s: float = 120) -> None:
+        """SIGKILL child `name` and start it again with the same command line (same port, nothing
+        of its state kept); returns once it serves at `address` again."""
+        old = self.children[name]
+        self.kill(name)
+        old.close()
+        child = Child(name, old.argv, old.log_path, env=token_env())
+        self.children[name] = child
+        wait_serving(address, timeout_s, alive=lambda: child.poll() is None, rpc=TEST_RPC)
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send `sig` (e.g. SIGSTOP, SIGCONT) to child `name`."""
+        os.kill(self.children[name].proc.pid, sig)
+
     def terminate(self, name: str, timeout_s: float = 60) -> int:
         """SIGTERM a child (it drains, then exits); returns its exit status."""
         os.kill(self.children[name].proc.pid, signal.SIGTERM)
@@ -125,6 +141,7 @@ class Workload:
     timeout_s: float = 120.0
     results: list[tuple[int, list[int]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    longest_wait_s: float = 0.0  # the longest a stream waited for its next message (or its first)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -152,9 +169,14 @@ class Workload:
                 req = build_request(prompt_token_ids=self.prompts[i], max_new_tokens=self.max_new_tokens, temperature=0.0,
                                     prompt_logprobs=False)
                 try:
-                    tokens = [t for r in stub.Generate(req, timeout=self.timeout_s) for t in r.token_ids]
+                    tokens, waited, last = [], 0.0, time.monotonic()
+                    for r in stub.Generate(req, timeout=self.timeout_s):
+                        now = time.monotonic()
+                        waited, last = max(waited, now - last), now
+                        tokens.extend(r.token_ids)
                     with self._lock:
                         self.results.append((i, tokens))
+                        self.longest_wait_s = max(self.longest_wait_s, waited)
                 except grpc.RpcError as e:
                     with self._lock:
                         self.errors.append(f"{e.code().name}: {e.details()}")

@@ -69,6 +69,8 @@ struct V {
     }
   }
 
+  static constexpr bool BF16_DOT = false;  // no bfloat16 dot products in this variant
+
   static void e2m1_chunk1(const uint8_t* p, float a, F* out) { e2m1_chunk(p, a, a, out); }
 
   // 16 bytes of E2M1 pairs -> [even, odd] of bytes 0-7 (scaled by a), [even, odd] of bytes 8-15

@@ -56,21 +56,76 @@ struct V {
   static void e4m3_to_float(const uint8_t* p, int64_t n, float mult, float* out) {
     const F s = _mm512_set1_ps(mult * 256.0f);
     for (int64_t i = 0; i < n; i += 16) {
-      alignas(16) uint8_t t[16] = {0};
-      const uint8_t* src = p + i;
-      if (n - i < 16) {
-        __builtin_memcpy(t, p + i, n - i);
-        src = t;
-      }
-      __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      const __mmask16 live = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);  // the last may be partial
+      __m256i h = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(live, p + i));
       h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(short(0xBFFF)));
-      const F v = _mm512_mul_ps(_mm512_cvtph_ps(h), s);
-      if (n - i >= 16) {
-        _mm512_storeu_ps(out + i, v);
-      } else {
-        _mm512_mask_storeu_ps(out + i, __mmask16((1u << (n - i)) - 1), v);
+      _mm512_mask_storeu_ps(out + i, live, _mm512_mul_ps(_mm512_cvtph_ps(h), s));
+    }
+  }
+
+  // The 4-bit formats against activation rows that hold bfloat16 values (the bfloat16 compute dtype),
+  // where the CPU has AVX512-BF16 (the caller checks): E2M1 values are bfloat16 values, so vdpbf16ps
+  // multiplies exactly and accumulates in float32, two elements per lane, at half the instructions
+  // of a float32 FMA; the block scales are applied once per block after the dot product.
+  // Per step of 64 elements (32 bytes): the bytes widened to words, low and high nibbles looked up
+  // in a 16-word table of bfloat16 (vpermw) -> 32 even and 32 odd elements; lane i of the products
+  // holds bytes 2i, 2i+1, so lanes 0-7 belong to the first 16 bytes (an MXFP4 block of 32) and every
+  // 4 lanes to 8 bytes (an NVFP4 block of 16): LPB lanes per block. The activations, prepared as
+  // groups of [16 even, 16 odd] float32 (api.h), are narrowed to bfloat16 (exactly) to match.
+  // rows(n) -> (bytes of row n, its block multipliers with zeros past the end); kp elements per row.
+  static constexpr bool BF16_DOT = true;
+
+  template <int LPB, int MR, int NR_, class Rows>
+  __attribute__((target("avx512bf16"))) static void e2m1_bf16_tile(const Rows& rows, int nvalid, const float* x,
+                                                                   int64_t ldx, int64_t kp, float* out, int64_t ldo) {
+    // the 16 E2M1 values as bfloat16, twice: vpermw reads the low 5 bits of each index, so a whole
+    // byte (bit 4 the high nibble's lowest) picks its low nibble's value without masking
+    const __m512i table = _mm512_setr_epi32(0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080, 0xBF008000, 0xBFC0BF80,
+                                            0xC040C000, 0xC0C0C080, 0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080,
+                                            0xBF008000, 0xBFC0BF80, 0xC040C000, 0xC0C0C080);
+    __m512i sidx = _mm512_setzero_si512();  // lane i -> block i / LPB of the step
+    for (int i = 0; i < 16; ++i) sidx = _mm512_mask_set1_epi32(sidx, __mmask16(1u << i), i / LPB);
+    constexpr int BPS = 16 / LPB;  // blocks per step
+    const uint8_t* d[NR_];
+    const float* s[NR_];
+    for (int j = 0; j < NR_; ++j) rows.at(j, d[j], s[j]);
+    F acc[MR][NR_];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NR_; ++j) acc[m][j] = zero();
+    for (int64_t e0 = 0; e0 < kp; e0 += 64) {
+      const int64_t rem = kp - e0 < 64 ? kp - e0 : 64;
+      const __mmask32 bytes = rem == 64 ? ~__mmask32(0) : __mmask32((1ull << (rem / 2)) - 1);
+      const __mmask16 second = rem > 32 ? 0xFFFF : 0;  // x group 1 (elements 32-63) present
+      __m512bh xe[MR], xo[MR];
+      for (int m = 0; m < MR; ++m) {
+        const float* xr = x + m * ldx + e0;
+        xe[m] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(second, xr + 32), _mm512_loadu_ps(xr));
+        xo[m] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(second, xr + 48), _mm512_loadu_ps(xr + 16));
+      }
+      for (int j = 0; j < NR_; ++j) {
+        const uint8_t* p = d[j] + e0 / 2;
+        __builtin_prefetch(p + rows.ahead);  // the same bytes of the next tile's row
+        const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, p));
+        const __m512bh we = (__m512bh)_mm512_permutexvar_epi16(b, table);
+        const __m512bh wo = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+        const F sv = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_loadu_ps(s[j] + (e0 / 64) * BPS)));
+        for (int m = 0; m < MR; ++m) {
+          const F t = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero(), we, xe[m]), wo, xo[m]);
+          acc[m][j] = fma(t, sv, acc[m][j]);
+        }
       }
     }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
+  }
+
+  template <int LPB, class Rows, int MR = 4>
+  static void e2m1_bf16(const Rows& rows, int nvalid, const float* x, int64_t ldx, int64_t kp, float* out,
+                        int64_t ldo, int64_t mr) {
+    if constexpr (MR > 1) {
+      if (mr < MR) return e2m1_bf16<LPB, Rows, MR - 1>(rows, nvalid, x, ldx, kp, out, ldo, mr);
+    }
+    e2m1_bf16_tile<LPB, MR, NR>(rows, nvalid, x, ldx, kp, out, ldo);
   }
 
   // 16 bytes of E2M1 pairs, one scale -> even elements (low nibbles) and odd elements (high

@@ -28,6 +28,17 @@ struct Isa {
 constexpr int GATE_BLOCK = 32;  // gate columns (and their up columns) per work item
 constexpr int DOWN_BLOCK = 32;  // hidden columns per work item
 
+// Whether the AVX-512 kernels may multiply bfloat16 activations in bfloat16 (AVX512-BF16).
+bool bf16_dot(const std::string& variant) {
+#ifdef MOEMESH_X86_KERNELS
+  __builtin_cpu_init();
+  return variant == "avx512" && __builtin_cpu_supports("avx512bf16");
+#else
+  (void)variant;
+  return false;
+#endif
+}
+
 bool supports(const std::string& variant) {
 #ifdef MOEMESH_X86_KERNELS
   __builtin_cpu_init();
@@ -125,8 +136,11 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x: expected a contiguous [T, H] tensor");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: float32 or bfloat16");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  const Weights gu = weights_of(gu_ints, gu_data, gu_scale, gu_scale2);
-  const Weights dn = weights_of(dn_ints, dn_data, dn_scale, dn_scale2);
+  Weights gu = weights_of(gu_ints, gu_data, gu_scale, gu_scale2);
+  Weights dn = weights_of(dn_ints, dn_data, dn_scale, dn_scale2);
+  // With bfloat16 x, the gate_up input and the down input (the activation, rounded to bfloat16 as the
+  // reference rounds it) hold bfloat16 values.
+  gu.bf16_x = dn.bf16_x = bf16 && bf16_dot(variant);
   const int64_t T = x.size(0), H = x.size(1), N = token_idx.numel(), G = expert_idx.numel();
   const int64_t* tok = token_idx.data_ptr<int64_t>();
   const float* rw = row_weight.data_ptr<float>();

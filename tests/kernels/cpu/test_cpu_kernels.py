@@ -10,7 +10,7 @@ from kernels.cpu import build
 from kernels.cpu.moe_mlp_cpu import MAX_ROWS_PER_EXPERT, compiled_runs, moe_mlp_cpu
 from kernels.cpu.variant import VARIANT_ENV, available_variants, selected_variant
 from kernels.experts import apply_activation, dequantized
-from kernels.formats import quantize_fp8_block
+from kernels.formats import fp8_block_from_checkpoint, quantize_fp8_block
 
 FORMATS = ["f32", "bf16", "fp8", "mxfp4", "nvfp4"]
 VARIANTS = ["avx512", "avx2"]
@@ -95,6 +95,49 @@ def test_matches_the_reference_path(variant, dtype, fmt, h, i, activation, bias)
     token_idx, row_weight = routing(7, counts.tolist())
     got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("h, i", [(48, 80), (96, 112), (128, 40)], ids=["k48_80", "k96_112", "k128_40"])
+def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
+    # up to 4 rows per expert (the decode-shaped kernels; with bfloat16 x and AVX512-BF16, the bfloat16
+    # dot products), K ending 16, 32, 48 or 64 elements into a 64-element step
+    variant_or_skip(variant)
+    w = weights(fmt, torch.bfloat16, h, i, "silu", bias=True, e=5, seed=3)
+    expert_idx, counts = torch.tensor([3, 0, 4, 1]), torch.tensor([4, 1, 2, 3])
+    x = torch.randn(6, h, generator=torch.Generator().manual_seed(h + i)).to(torch.bfloat16)
+    token_idx, row_weight = routing(6, counts.tolist(), seed=1)
+    got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+
+
+def test_every_e4m3_code_decodes_alike_in_every_variant():
+    # one-hot bfloat16 tokens pick single gate/up weights over every e4m3 code (subnormals included),
+    # and one-hot down rows pick single activations: no sums, so every variant (each with its own
+    # e4m3 decode, the same activation code) gives the same bits
+    found = available_variants()
+    if len(found) < 2:
+        pytest.skip(f"needs two compiled variants (here: {found})")
+    e, h, i = 2, 64, 128
+    n, c = torch.meshgrid(torch.arange(2 * i), torch.arange(h), indexing="ij")
+    codes = torch.stack([(n * 7 + c * 13 + x) % 256 for x in range(e)]).to(torch.uint8)  # [E, 2I, H]
+    codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
+    down = torch.zeros(e, h, i, dtype=torch.uint8)
+    down[:, torch.arange(h), (torch.arange(h) * 3) % i] = 0x38  # 1.0
+    ones = lambda t: torch.ones(e, -(-t.shape[1] // 128), -(-t.shape[2] // 128))  # noqa: E731
+    w = ExpertWeights(
+        fp8_block_from_checkpoint(codes.view(torch.float8_e4m3fn), ones(codes)),
+        fp8_block_from_checkpoint(down.view(torch.float8_e4m3fn), ones(down)),
+    )
+    x = torch.zeros(4, h, dtype=torch.bfloat16)
+    x[torch.arange(4), torch.tensor([0, 5, 17, 63])] = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.bfloat16)
+    expert_idx, counts = torch.tensor([1, 0]), torch.tensor([4, 3])
+    token_idx, row_weight = torch.tensor([0, 1, 2, 3, 3, 0, 2]), torch.ones(7)
+    outs = [moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant) for variant in found]
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    check_close(outs[0], x, token_idx, row_weight, expert_idx, counts, w)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

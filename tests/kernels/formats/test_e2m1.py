@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.formats.e2m1 import E2M1_MAGNITUDES, decode_e2m1, decode_packed_e2m1, encode_e2m1, pack_nibbles, unpack_nibbles
+from kernels.formats.e2m1 import E2M1_MAGNITUDES, decode_e2m1, decode_packed_e2m1, encode_e2m1, encode_packed_e2m1, unpack_nibbles
 from tests.kernels.oracles import torchao_mxfp4_floor  # noqa: F401  (imports torchao once, warnings silenced)
 
 
@@ -34,17 +34,29 @@ def test_encode_matches_torchao_on_a_dense_grid():
     assert torch.equal(encode_e2m1(x), f32_to_f4_unpacked(x.contiguous()))
 
 
-def test_pack_low_nibble_first_and_round_trip():
-    codes = torch.randint(0, 16, (3, 10), dtype=torch.uint8)
-    packed = pack_nibbles(codes)
-    assert packed.shape == (3, 5)
+def test_encode_packed_puts_element_2i_in_the_low_nibble():
+    x = torch.randn(3, 10) * 3
+    packed = encode_packed_e2m1(x)
+    codes = encode_e2m1(x)
+    assert packed.shape == (3, 5) and packed.dtype == torch.uint8
     assert packed[0, 0].item() == codes[0, 0].item() | (codes[0, 1].item() << 4)
     assert torch.equal(unpack_nibbles(packed), codes)
 
 
-def test_pack_rejects_odd_length():
-    with pytest.raises(ValueError, match="codes"):
-        pack_nibbles(torch.zeros(3, dtype=torch.uint8))
+def test_encode_packed_rejects_odd_length():
+    with pytest.raises(ValueError, match="x"):
+        encode_packed_e2m1(torch.zeros(3))
+
+
+def test_encode_every_float32_neighbourhood_of_the_midpoints():
+    # the bit tricks round on the float32 bits: one ulp either side of each midpoint must fall apart
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    below = torch.nextafter(mids, torch.zeros_like(mids))
+    above = torch.nextafter(mids, torch.full_like(mids, 10.0))
+    x = torch.cat([below, mids, above, -below, -mids, -above, torch.tensor([0.0, -0.0, 6.0, 7.0, 1e30, -1e30, 1e-40])])
+    from torchao.prototype.mx_formats.kernels import f32_to_f4_unpacked
+
+    assert torch.equal(encode_e2m1(x), f32_to_f4_unpacked(x.contiguous()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -102,3 +102,17 @@ def test_rejects_bad_arguments():
         fp8_block_from_checkpoint(q, torch.full((3, 2), float("nan")))
     with pytest.raises(ValueError, match="weight"):
         fp8_block_from_checkpoint(torch.zeros(300, 200), torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_many_slabs_of_block_rows_give_the_same_bytes(monkeypatch, scale_fmt):
+    # partial blocks at both edges, 2 segments, 3 experts: one slab per segment, then many small ones
+    torch.manual_seed(9)
+    w = (torch.randn(3, 2 * 40, 70) * torch.rand(3, 2 * 40, 1) * 5).to(torch.bfloat16)
+    whole = quantize_fp8_block(w, block=(16, 32), segments=2, scale_fmt=scale_fmt)
+    monkeypatch.setattr("kernels.formats.checks.CHUNK_ELEMENTS", 100)
+    slabs = quantize_fp8_block(w, block=(16, 32), segments=2, scale_fmt=scale_fmt)
+    assert torch.equal(slabs.weight.view(torch.uint8), whole.weight.view(torch.uint8))
+    assert torch.equal(slabs.scale, whole.scale)
+    ref = torch.cat([quantize_fp8_block(w[:, s * 40 : (s + 1) * 40], block=(16, 32), scale_fmt=scale_fmt).dequantize() for s in range(2)], dim=1)
+    assert torch.equal(slabs.dequantize(), ref)

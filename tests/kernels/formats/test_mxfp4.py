@@ -82,3 +82,14 @@ def test_rejects_bad_stored_tensors():
         MXFP4Experts(blocks, torch.zeros(1, 4, 2, dtype=torch.uint8), 20)
     with pytest.raises(ValueError, match="blocks"):
         mxfp4_from_gpt_oss(blocks.float(), torch.zeros(1, 4, 2, dtype=torch.uint8))
+
+
+def test_many_slabs_of_rows_match_torchao_per_expert(monkeypatch):
+    # small slabs force the row-slab loop through many iterations, with a partial last slab
+    monkeypatch.setattr("kernels.formats.checks.CHUNK_ELEMENTS", 200)
+    torch.manual_seed(5)
+    w = torch.randn(3, 13, 70).to(torch.bfloat16)
+    q = quantize_mxfp4(w)
+    for e in range(3):
+        scales, packed, _ = torchao_mxfp4_floor(pad_last(w[e].float(), 32))
+        assert torch.equal(q.scales[e], scales) and torch.equal(q.blocks[e].flatten(-2), packed)

@@ -93,3 +93,16 @@ def test_rejects_bad_input():
         NVFP4Experts(packed, torch.ones(1, 4, 3).to(torch.float8_e4m3fn), torch.ones(1, 1), 32)
     with pytest.raises(ValueError, match="weight"):
         nvfp4_from_modelopt(packed.float(), scale, torch.tensor([1.0]))
+
+
+def test_many_slabs_of_rows_match_torchao_per_expert_and_segment(monkeypatch):
+    # small slabs force both row-slab passes through many iterations, across segment boundaries
+    monkeypatch.setattr("kernels.formats.checks.CHUNK_ELEMENTS", 100)
+    w = _spread((3 * 12, 40), 11).reshape(3, 12, 40)
+    q = quantize_nvfp4(w, segments=2)
+    for e in range(3):
+        for s in range(2):
+            scale, packed, pts, _ = torchao_nvfp4(pad_last(w[e, 6 * s : 6 * (s + 1)], 16))
+            assert q.weight_scale_2[e, s].item() == pts.item()
+            assert torch.equal(q.weight_scale[e, 6 * s : 6 * (s + 1)].view(torch.uint8), scale.view(torch.uint8))
+            assert torch.equal(q.weight[e, 6 * s : 6 * (s + 1)], packed)

@@ -156,6 +156,50 @@ def test_a_killed_expert_server_is_restarted_and_gets_experts_again(tiny_model_d
         proc.kill()
 
 
+def test_a_killed_control_plane_is_restarted_and_rebuilds_the_placement_the_mesh_runs(tiny_model_dir, tmp_path):
+    """SIGKILL of the control plane of an `up` mesh under load: streams keep succeeding, the launcher
+    starts it again on its port, the expert servers and the attention replica register again and it
+    rebuilds the placement they run (the same copies, numbered above the old version, adopted)."""
+    from tests.live.mesh import Workload
+
+    proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "2")
+    token_file = tmp_path / "mesh-token"
+
+    def copies(st):
+        return [[sorted(e["server_ids"]) for e in layer["experts"]] for layer in st["placement"]["layers"]]
+
+    try:
+        before = ctl_status(control, token_file)
+        victim = next(c for c in descendants(proc.pid) if "serve" in c.cmdline() and "control" in c.cmdline())
+        w = Workload(router, [[9 + i, 60 + 5 * i, 200 + i, 3] for i in range(4)], max_new_tokens=8, concurrency=2,
+                     max_requests=30, timeout_s=120).start()
+        try:
+            w.wait_completed(3, 120)
+            victim.kill()
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    st = ctl_status(control, token_file)
+                except AssertionError:  # not serving again yet
+                    st = None
+                version = int(st["placement_version"]) if st else 0  # uint64: a string in JSON
+                if version > int(before["placement_version"]) and st["replicas"] and all(
+                        int(r.get("adopted_version", 0)) == version for r in st["replicas"] if r["alive"]):
+                    break
+                assert time.monotonic() < deadline, f"no rebuilt placement that the replica runs: {st}"
+                time.sleep(0.5)
+            w.wait_completed(30, 300)
+        finally:
+            w.stop()
+        assert w.errors == [] and len(w.results) == 30
+        assert copies(st) == copies(before) and len(st["servers"]) == 2
+        assert proc.poll() is None  # the mesh kept running
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+
+
 def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
     out = subprocess.run([sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(tiny_model_dir), "--expert-servers", "0"],
                          capture_output=True, text=True, timeout=120)
