@@ -173,7 +173,8 @@ async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
         torch.set_num_threads(cfg.num_threads)
     device = select_device(cfg.device)
     gpu = GpuTelemetry.for_device(cfg.device)
-    shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget, cfg.load_window_s)
+    shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget, cfg.load_window_s,
+                                       all_experts_path=cfg.all_experts_path)
     shard.stats.cpu_limit = cpu_limit() if device.type == "cpu" else None  # the budget the cost model holds its CPU demand to
     metrics = ServiceMetrics("expert", load=shard.stats.load, gpu=gpu)
     shard.stats.metrics = metrics  # queue depth and busy time mirrored into /metrics

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from kernels.prepare import EXPERT_DTYPES
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.security import SecurityConfig
 
@@ -39,27 +40,52 @@ from moemesh.launcher.health import ChildExited, wait_http_ok, wait_serving
 from moemesh.launcher.ports import free_port
 
 
+TRANSPORTS = ("grpc", "dist", "auto")
+
+
 @dataclass(frozen=True)
 class MeshSpec:
-    model_dir: str
-    expert_servers: int = 2
-    attention_replicas: int = 1
-    experts_dtype: str | None = None
-    transport: str = "grpc"
+    """The whole mesh on this machine. `moemesh up`, `demo` and `bench` derive their mesh flags from
+    these fields (`moemesh/cli/up.py`, through `moemesh.svc_config`); a field without metadata is the
+    launcher's own (no flag)."""
+
+    model_dir: str = field(metadata={"help": "Hugging Face model directory; empty = the demo model (built once, then cached)", "metavar": "DIR"})
+    expert_servers: int = field(default=2, metadata={"help": "expert server processes", "metavar": "N"})
+    attention_replicas: int = field(default=1, metadata={"help": "attention replica processes", "metavar": "N"})
+    experts_dtype: str | None = field(default=None, metadata={"help": "expert weight format; unset = as stored", "choices": EXPERT_DTYPES})
+    transport: str = field(default="grpc", metadata={
+        "help": "attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)", "choices": TRANSPORTS})
     host: str = "127.0.0.1"
-    port: int = 0  # the router's; 0 = any free port
-    start_timeout_s: float = 300.0
+    port: int = field(default=0, metadata={"help": "the router's port (0 = any free port)", "metavar": "P"})
+    start_timeout_s: float = field(default=600.0, metadata={"help": "how long each service may take to start", "metavar": "S"})
     grace_s: float = 10.0
-    attention_threads: int = 0  # 0 = this machine's cores split evenly over the compute processes
-    http_port: int | None = None  # the HTTP gateway's; None = no gateway, 0 = any free port
-    prefix_cache: bool = True  # attention replicas reuse cached prompt prefixes
-    max_num_batched_tokens: int = 0  # attention replicas' token budget per step; 0 = their default
-    api_key: str = ""  # the router's and the gateway's API key (empty = the environment's MOEMESH_API_KEY, or none)
-    tls_cert: str | None = None  # with tls_key and tls_ca: every service serves mTLS with them
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    tls_server_name: str | None = None
-    expert_cpu_quota: float = 0.0  # CPUs each expert server may use (its own cgroup or cores); 0 = no budget
+    attention_threads: int = field(default=0, metadata={
+        "help": "torch threads per attention replica (0 = this machine's cores split evenly over the compute processes)", "metavar": "N"})
+    http_port: int | None = field(default=None, metadata={
+        "help": "also start the HTTP gateway (OpenAI/Anthropic APIs, chat page) on this port (0 = any free port; unset = no gateway)",
+        "metavar": "P"})
+    prefix_cache: bool = field(default=True, metadata={
+        "help": "attention replicas reuse the KV blocks of earlier prompts' shared prefixes"})
+    max_num_batched_tokens: int = field(default=0, metadata={
+        "help": "tokens per attention step: decodes first, then prompt chunks (0 = the replicas' default); smaller keeps "
+                "streams flowing while long prompts prefill", "metavar": "N"})
+    all_experts_path: bool = field(default=True, metadata={
+        "help": "expert servers run calls that send every token to every expert held as two matmuls over those experts "
+                "side by side; off, every call runs kernels.moe_mlp"})
+    api_key: str = field(default="", metadata={
+        "help": "the public API key: clients of the router (`authorization: Bearer KEY`) and of the gateway "
+                "(`Authorization: Bearer KEY` or `x-api-key: KEY`) must send it (empty = none)",
+        "env": "MOEMESH_API_KEY", "metavar": "KEY"})
+    tls_cert: str | None = field(default=None, metadata={
+        "help": "with --tls-key and --tls-ca, mTLS between all services: the PEM certificate every service presents", "metavar": "FILE"})
+    tls_key: str | None = field(default=None, metadata={"help": "the certificate's PEM private key (mTLS)", "metavar": "FILE"})
+    tls_ca: str | None = field(default=None, metadata={"help": "the PEM CA the services' certificates chain to (mTLS)", "metavar": "FILE"})
+    tls_server_name: str | None = field(default=None, metadata={
+        "help": "the name the certificate carries when it is not the host dialed", "metavar": "NAME"})
+    expert_cpu_quota: float = field(default=0.0, metadata={
+        "help": "each expert server gets CORES CPUs of its own, as on separate machines: a cgroup with a CPU quota "
+                "(cgroup v2 cpu.max or v1 cfs quota, needs write access to /sys/fs/cgroup), else pinned cores; "
+                "its torch threads match (0 = no budget: every server may use every core)", "metavar": "CORES"})
 
     def threads_per_process(self) -> int:
         """torch threads for each expert server and attention replica: every process on this machine
@@ -72,8 +98,10 @@ class MeshSpec:
             raise ValueError(f"expert_servers must be >= 1, got {self.expert_servers}")
         if self.attention_replicas < 1:
             raise ValueError(f"attention_replicas must be >= 1, got {self.attention_replicas}")
-        if self.transport not in ("grpc", "dist", "auto"):
-            raise ValueError(f"transport must be grpc, dist or auto, got {self.transport!r}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.experts_dtype is not None and self.experts_dtype not in EXPERT_DTYPES:
+            raise ValueError(f"experts_dtype must be one of {EXPERT_DTYPES} (or unset), got {self.experts_dtype!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
@@ -220,6 +248,7 @@ class Mesh:
             "model_dir": s.model_dir, "control_addr": self.control_addr,
             "experts_dtype": s.experts_dtype, "transport": "grpc" if s.transport == "grpc" else "auto",
             "num_threads": s.threads_per_process(),
+            "all_experts_path": None if s.all_experts_path else False,  # passed only to turn it off
         }
         if not s.expert_cpu_quota:
             return self._spawn(name, "expert", flags)

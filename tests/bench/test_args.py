@@ -12,7 +12,8 @@ def test_engine_vs_transformers_defaults_and_lists():
     cfg = engine_vs_transformers.parse_args([])
     assert cfg.shape == "demo" and cfg.model is None
     assert cfg.dtypes == ("float32", "bfloat16") and cfg.experts_dtypes == ("bf16", "fp8", "mxfp4", "nvfp4")
-    assert (cfg.concurrent, cfg.threads, cfg.pack_experts) == (16, 1, None)
+    assert (cfg.concurrent, cfg.threads, cfg.pack_experts, cfg.all_experts_path) == (16, 1, None, True)
+    assert engine_vs_transformers.parse_args(["--no-all-experts-path"]).all_experts_path is False
     cfg = engine_vs_transformers.parse_args(["--shape", "qwen3-sparse", "--dtypes", "bfloat16", "--experts-dtypes", "",
                                              "--pack-experts", "off", "--new-tokens", "8"])
     assert (cfg.shape, cfg.dtypes, cfg.experts_dtypes, cfg.pack_experts, cfg.new_tokens) == ("qwen3-sparse", ("bfloat16",), (), False, 8)
@@ -35,6 +36,7 @@ def test_engine_vs_transformers_rejects(argv, message, capsys):
 def test_mesh_vs_engine_defaults_and_lists():
     ns = mesh_vs_engine.parse_args([])
     assert (ns.shape, ns.concurrency, ns.requests_per_stream, ns.transports, ns.expert_servers) == ("demo", (1, 16), 2, ("grpc", "dist"), 2)
+    assert ns.all_experts_path is True and mesh_vs_engine.parse_args(["--no-all-experts-path"]).all_experts_path is False
     ns = mesh_vs_engine.parse_args(["--shape", "qwen3-sparse", "--concurrency", "16", "--transports", "grpc", "--json"])
     assert (ns.shape, ns.concurrency, ns.transports, ns.json) == ("qwen3-sparse", (16,), ("grpc",), True)
 

@@ -14,7 +14,7 @@ from bench.shapes import (
 from moemesh.models.registry import parse_model_config
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
 from tests.bench.conftest import TINY_SHAPES
-from tests.moemesh.reference import hf_greedy, hf_prompt_logprobs
+from tests.fixtures.reference import hf_greedy, hf_prompt_logprobs
 
 PROMPT = [5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11, 400]
 NEW_TOKENS = 16
@@ -31,6 +31,7 @@ def test_qwen3_sparse_has_the_issue_proportions():
     assert QWEN3_SPARSE.checkpoint_bytes() == pytest.approx(2.70e9, rel=0.01)
 
 
+@pytest.mark.slow  # reads the demo model: > 2 s
 def test_demo_shape_is_the_demo_model_shape():
     """DEMO against the config the demo model's converter derives from the GGUF it is built from."""
     from moemesh.demo_model.build import DEMO_NUM_EXPERTS
@@ -121,6 +122,7 @@ def test_tokenizer_files_match_the_vocabulary(tiny_shape_dir):
     assert tok.decode(tok.encode("Hello world").ids) == "Hello world"
 
 
+@pytest.mark.slow  # reads the demo GGUF: > 2 s
 def test_tokenizer_rebuilt_from_the_gguf_when_the_demo_model_is_not_built(tmp_path, monkeypatch, tiny_shape_dir):
     monkeypatch.setenv("MOEMESH_HOME", str(tmp_path / "empty-home"))
     out = tmp_path / "tok"

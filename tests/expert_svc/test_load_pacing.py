@@ -10,7 +10,7 @@ from expert_svc.config import ExpertServerConfig
 from expert_svc.load_pacing import LoadPacer, cpu_timed
 from moemesh.rpc.protos import load
 from moemesh.transport.grpc_transport import request_message
-from tests.expert_svc.fixtures import routed_request, running_expert_servers
+from tests.fixtures.expert_servers import routed_request, running_expert_servers
 from tests.expert_svc.test_server import call, stream
 from tests.fixtures.auth import TEST_RPC
 
@@ -58,8 +58,8 @@ class Recording(LoadPacer):
         return self.wait if since_call_s <= self.idle_s else 0.0
 
 
-def test_the_servicer_pauses_between_layers_only_while_serving(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
+def test_the_servicer_pauses_between_layers_only_while_serving(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc") as (srv,):
         pacer = srv.servicer.pacer = Recording(cpus=1.0)
         two_layers = expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=l, expert_ids=[0, 1]) for l in (0, 1)])
         held = call(loop, srv.port, "LoadExperts", two_layers)  # no call served yet: no pauses

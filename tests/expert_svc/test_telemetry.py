@@ -6,7 +6,7 @@ import torch
 
 from expert_svc.stats import ShardStats
 from moemesh.transport.grpc_transport import request_message
-from tests.expert_svc.fixtures import routed_request, running_expert_servers
+from tests.fixtures.expert_servers import routed_request, running_expert_servers
 from tests.expert_svc.test_server import call, expert_pb2, stream
 
 
@@ -54,8 +54,8 @@ def test_work_over_the_window_counts_calls_experts_rows_and_service_time():
     assert snap.cpu_limit == 0.5
 
 
-def test_stats_and_metrics_endpoint_without_a_gpu(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, preload="all", transport="grpc", metrics_port=0) as (srv,):
+def test_stats_and_metrics_endpoint_without_a_gpu(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, preload="all", transport="grpc", metrics_port=0) as (srv,):
         req = routed_request(9, [1, 6], layer=1, top_k=1)
         (answer,) = stream(loop, srv.port, [request_message(req)])
         assert not answer.error_code

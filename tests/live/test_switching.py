@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import run_json
+from tests.fixtures.services import run_json
 from tests.live.mesh import LiveMesh, Workload, ctl, placement_servers
 
 PROMPTS = [[5 + i, 40 + 3 * i, 100 + i, 7] for i in range(6)]

@@ -12,7 +12,9 @@ import time
 import psutil
 import pytest
 
-from tests.e2e.helpers import assert_same_generation, attention_load, generate_json, run_json
+from tests.fixtures.services import assert_same_generation, attention_load, generate_json, run_json
+
+pytestmark = pytest.mark.slow  # `moemesh up` as a process: a mesh of service processes
 
 LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+)$")
 HTTP_LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+) http=(127\.0\.0\.1:\d+)$")
@@ -44,7 +46,7 @@ def spread_over_replicas(router: str, replicas: list[psutil.Process], rpc) -> No
     import grpc
 
     from moemesh.rpc.generation import build_request
-    from tests.e2e.helpers import gen_grpc
+    from tests.fixtures.services import gen_grpc
 
     addresses = [f"127.0.0.1:{p.cmdline()[p.cmdline().index('--port') + 1]}" for p in replicas]
     with grpc.insecure_channel(router) as ch:  # the router's public API: no API key in this mesh

@@ -3,6 +3,7 @@ from moemesh.cli.ctl import render, table
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.contracts.placement import Placement
 from moemesh.contracts.wire import control_pb2, knobs_to_proto, placement_to_proto
+from tests.fixtures.expert_servers import loop  # noqa: F401  (a pytest fixture)
 
 
 def test_status_table_lists_servers_and_replicas():
@@ -42,7 +43,7 @@ def test_table_pads_columns():
     assert table(["A", "LONG"], [[1, 2], [333, 4]]).splitlines() == ["A    LONG", "1    2", "333  4"]
 
 
-def test_rebalance_dry_run_against_a_live_control_plane(moe_dir, loop, capsys, monkeypatch):
+def test_rebalance_dry_run_against_a_live_control_plane(tiny_model_dir, loop, capsys, monkeypatch):
     """A control plane and two expert servers (in this process, over gRPC), load on the first
     server's experts: `ctl rebalance --dry-run` prints the plan's predicted gain and cost, calibrated
     from the servers' reports, and switches nothing; `ctl set --top-k 1 --dry-run` likewise."""
@@ -55,16 +56,16 @@ def test_rebalance_dry_run_against_a_live_control_plane(moe_dir, loop, capsys, m
     from control_svc.server import create_server
     from moemesh.cli.main import main
     from moemesh.transport.base import ExpertRequest
-    from tests.expert_svc.fixtures import HIDDEN, running_expert_servers
+    from tests.fixtures.expert_servers import HIDDEN, running_expert_servers
     from tests.fixtures.auth import TEST_RPC, TEST_TOKEN
 
     monkeypatch.setenv("MOEMESH_MESH_TOKEN", TEST_TOKEN)
-    cfg = ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0,
+    cfg = ControlConfig(model_dir=str(tiny_model_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0,
                         rebalance_min_tokens=10, redundant_experts=2, rpc=TEST_RPC)
     control, _ = loop.run(create_server(cfg), 30)
     loop.run(control.start(), 30)
     try:
-        with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as (hot, cold):
+        with running_expert_servers(tiny_model_dir, 2, loop, transport="grpc", control_addr=control.address) as (hot, cold):
             loop.run(control.plane.wait_placed(20), 30)
             deadline = time.monotonic() + 20
             while not (hot.shard.held() and cold.shard.held()):
