@@ -3,13 +3,15 @@ the weight bytes each step reads, the engine's load time and memory, and every e
 
   python bench/engine_vs_transformers.py [--shape demo|qwen3-sparse|qwen3-sparse-tiny] [--model DIR]
       [--dtypes float32,bfloat16] [--experts-dtypes bf16,fp8,mxfp4,nvfp4] [--new-tokens 32]
-      [--concurrent 16] [--threads 2] [--repeats 2]
+      [--concurrent 16] [--threads 2] [--repeats 2] [--pack-experts auto|on|off] [--no-all-experts-path]
 
 Checkpoints (`bench/shapes.py`): `demo` is the demo model when built (`moemesh demo-model`), else a
 random checkpoint of its shape (SmolLM2-135M as an 8-expert Mixtral, top-8 of 8: every token to every
 expert); `qwen3-sparse` is a random Qwen3-MoE of realistic proportions (hidden 1024, 16 layers, 64
 experts of 384, top-8, 16/4 heads of 64, bf16, 2.7 GB), built once into ~/.cache/moemesh/bench;
-`--model DIR` takes any checkpoint instead.
+`--model DIR` takes any checkpoint instead. `--no-all-experts-path` runs the engine without the path
+that computes steps sending every token to every expert as two matmuls over the experts side by side
+(`EngineConfig.all_experts_path`): every step then runs `kernels.moe_mlp`.
 
 For each compute dtype of --dtypes it prints:
   1. engine (experts as stored) vs transformers, batch 1 and --concurrent requests decoding together
@@ -70,6 +72,7 @@ class BenchConfig:
     threads: int
     repeats: int
     pack_experts: bool | None
+    all_experts_path: bool = True
 
 
 def comma_list(value: str, choices, flag: str) -> tuple[str, ...]:
@@ -95,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--pack-experts", choices=tuple(PACK_CHOICES), default="auto",
                     help="EngineConfig.pack_experts: a oneDNN-packed expert copy (auto: the engine's default)")
+    ap.add_argument("--all-experts-path", action=argparse.BooleanOptionalAction, default=True,
+                    help="EngineConfig.all_experts_path: steps that route every token to every expert as two matmuls over "
+                         "the experts side by side (off: kernels.moe_mlp)")
     a = ap.parse_args(argv)
     for name in ("new_tokens", "prompt_len", "concurrent", "threads", "repeats"):
         if getattr(a, name) < 1:
@@ -102,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     if a.new_tokens < 2:
         ap.error("--new-tokens must be >= 2 (decode is timed from the first generated token to the last)")
     return BenchConfig(a.shape, a.model, a.dtypes, a.experts_dtypes, a.new_tokens, a.prompt_len, a.concurrent,
-                       a.threads, a.repeats, PACK_CHOICES[a.pack_experts])
+                       a.threads, a.repeats, PACK_CHOICES[a.pack_experts], a.all_experts_path)
 
 
 def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -140,7 +146,7 @@ def engine_config(cfg: BenchConfig, model_dir: Path, dtype: str, experts_dtype: 
     return EngineConfig(
         str(model_dir), dtype=dtype, experts_dtype=experts_dtype, max_num_seqs=cfg.concurrent,
         kv_cache_tokens=cfg.concurrent * (cfg.prompt_len + cfg.new_tokens + 16), num_threads=cfg.threads,
-        pack_experts=cfg.pack_experts,
+        pack_experts=cfg.pack_experts, all_experts_path=cfg.all_experts_path,
     )
 
 
@@ -244,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = copy_bandwidth_gbs()
     model_dir = Path(cfg.model) if cfg.model else checkpoint_dir(cfg.shape, progress=lambda m: print(m, file=sys.stderr))
     print(f"{cfg.model or cfg.shape}: {model_dir} ({gb(checkpoint_bytes(model_dir))}); threads {cfg.threads}, "
-          f"pack_experts {cfg.pack_experts}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}; "
+          f"pack_experts {cfg.pack_experts}, all_experts_path {cfg.all_experts_path}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}; "
           f"copy bandwidth {limit:.1f} GB/s")
     for d in cfg.dtypes:
         bench_dtype(cfg, model_dir, d, limit)

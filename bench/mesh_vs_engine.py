@@ -3,11 +3,15 @@ the torch.distributed transport, on a named checkpoint shape.
 
     python bench/mesh_vs_engine.py [--shape demo|qwen3-sparse|qwen3-sparse-tiny] [--model DIR]
         [--concurrency 1,16] [--requests-per-stream 2] [--output-len 32] [--plot mesh_vs_engine.png]
+        [--no-all-experts-path]
 
 Checkpoints come from bench/shapes.py (`demo`: the demo model, built if absent; `qwen3-sparse`: a
 random Qwen3-MoE of realistic proportions, 64 experts of which top-8 per token, built once into
 ~/.cache/moemesh/bench); `--model DIR` takes any checkpoint. Both sides compute in the checkpoint's
-dtype with its experts as stored.
+dtype with its experts as stored. `--no-all-experts-path` turns off, on both sides (the engine's
+`EngineConfig.all_experts_path`, the expert servers' `--no-all-experts-path`), the path that runs
+steps sending every token to every expert as two matmuls over the experts side by side, so what it
+gains over `kernels.moe_mlp` is the difference of two runs.
 
 For each concurrency level it prints throughput, TTFT and TPOT p50/p99 of each run and the
 mesh/in-process throughput ratio (target >= 0.7x), plus the weight bytes a decode step at that batch
@@ -16,9 +20,9 @@ head; see bench/traffic.py) and the GB/s each run reached at its throughput (tok
 streams = decode steps/s; prefill included, so a lower bound), next to the copy bandwidth measured
 at the start; and writes a PNG. Each target first
 gets `--warmup-requests` untimed requests (streams and links open, allocators warm) on both sides
-alike. Every target is measured `--rounds` times, the meshes in rotated order (on a shared 2-core
-machine the first mesh of a run was measured up to 0.15x lower than the same mesh later); each
-round's ratios are against that round's in-process run, and the median is reported.
+alike. Every target is measured `--rounds` times, the meshes in rotated order (on a shared machine the
+first mesh of a run can measure lower than the same mesh later: docs/benchmarks.md); each round's
+ratios are against that round's in-process run, and the median is reported.
 """
 from __future__ import annotations
 
@@ -63,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-requests", type=int, default=16,
                    help="untimed requests (4 output tokens each, all at once) sent to each target before it is measured; 0 = none")
     p.add_argument("--plot", default="mesh_vs_engine.png")
+    p.add_argument("--all-experts-path", action=argparse.BooleanOptionalAction, default=True,
+                   help="the all-experts path on both sides (EngineConfig.all_experts_path, the expert servers' flag)")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
     if ns.rounds < 1 or ns.warmup_requests < 0 or ns.requests_per_stream < 1 or ns.expert_servers < 1:
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = Workload(num_requests=ns.warmup_requests, concurrency=ns.warmup_requests, prompt_len=ns.prompt_len, output_len=4, seed=1) \
         if ns.warmup_requests > 0 else None
     transports = list(ns.transports)
-    engine = LLMEngine(EngineConfig(model_dir=model))
+    engine = LLMEngine(EngineConfig(model_dir=model, all_experts_path=ns.all_experts_path))
     mcfg, dtype = engine.model_config, engine.dtype
     per_expert = expert_bytes(model, dtype, None)
     traffic = {c: step_bytes(mcfg, dtype, per_expert, c) for c in ns.concurrency}
@@ -103,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(ns.rounds):
         by_name = {}
         for transport in transports[r % len(transports):] + transports[:r % len(transports)]:  # rotated: no transport always first
-            mesh = Mesh(MeshSpec(model_dir=model, expert_servers=ns.expert_servers, transport=transport))
+            mesh = Mesh(MeshSpec(model_dir=model, expert_servers=ns.expert_servers, transport=transport,
+                                 all_experts_path=ns.all_experts_path))
             by_name[transport] = measure_mesh(mesh, works, warmup, f"mesh/{transport}", run_grpc)
         rounds.append({c: ([by_name[t][c] for t in transports], run_engine(engine, work, name=f"in-process c{c}"))
                        for c, work in works.items()})
@@ -121,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "model": model,
         "shape": None if ns.model else ns.shape,
+        "all_experts_path": ns.all_experts_path,
         "workloads": {str(c): w.__dict__ for c, w in works.items()},
         "copy_bandwidth_gbs": round(limit, 2),
         "step_bytes": {str(c): {"total": round(t.total), "experts": round(t.experts), "distinct_experts": round(t.distinct_experts, 2),
@@ -134,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary))
         return 0
     print(f"{model}: {mcfg.architecture}, {mcfg.num_experts} experts, top-{mcfg.top_k}, {dtype}; "
-          f"{ns.expert_servers} expert servers; copy bandwidth {limit:.1f} GB/s")
+          f"{ns.expert_servers} expert servers; all-experts path {'on' if ns.all_experts_path else 'off'}; "
+          f"copy bandwidth {limit:.1f} GB/s")
     for c, t in traffic.items():
         print(f"batch {c}: {t.describe()}")
     for r, rd in enumerate(summary["rounds"]):

@@ -22,8 +22,21 @@ Named shapes:
                      bf16, untied LM head (2.7 GB; experts 2.4 GB)
   qwen3-sparse-tiny  the same family at test size (hidden 64, 2 layers, 16 experts of 32, top-4): smoke
                      runs of the benchmarks and the tests of this module
+  qwen3-sparse-skew  qwen3-sparse whose router favours a few experts, Zipf-like (below)
+  qwen3-sparse-tiny-skew  the same skew at test size
 
-  python bench/shapes.py [--shape qwen3-sparse]     # build (if needed) and print the directory
+Skewed routers (`router_skew` s > 0): the router row of the expert of preference rank r (0 = most
+favoured; `router_hot` lists the first ranks, the other experts follow in id order) is scaled by
+(sqrt(E) / (r + 1))^s. A token's logit for an expert is its row times the token's hidden state, of
+either sign; a larger row spreads it wider, so the expert is more often among the token's top k.
+The per-expert load falls Zipf-like with the rank (measured on this generator's Gaussian logits,
+s = 1: the first ranks take 21%, 17%, 13%, 10%, 8% of top-2 picks, the first 8 ranks 85%; with
+top-8 41%), with no change to the hidden states: the model computes exactly as much as unskewed.
+Every layer favours the same experts: an expert server's share of the hot load is then the same in
+every layer, which is what a CPU quota (capping a server's CPU over periods spanning several
+layers) can show as a bottleneck. `qwen3-sparse-skew` favours experts 0, 4, 8, ..., 28 most: the
+ones a round-robin first placement over 4 servers puts on one server, the worst start a load-blind
+placement can give.
 """
 from __future__ import annotations
 
@@ -33,7 +46,7 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -93,6 +106,8 @@ class Shape:
     dtype: str = "bfloat16"
     weight_std: float = 0.02
     seed: int = 0
+    router_skew: float = 0.0  # Zipf exponent of the router's preference (0: no preference)
+    router_hot: tuple[int, ...] = ()  # the most favoured experts, in order; the rest follow in id order
 
     def __post_init__(self) -> None:
         if self.architecture not in FAMILIES:
@@ -108,6 +123,11 @@ class Shape:
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.weight_std <= 0:
             raise ValueError(f"weight_std must be > 0, got {self.weight_std}")
+        object.__setattr__(self, "router_hot", tuple(self.router_hot))  # a list from a JSON stamp
+        if not self.router_skew >= 0:
+            raise ValueError(f"router_skew must be >= 0, got {self.router_skew}")
+        if len(set(self.router_hot)) != len(self.router_hot) or not all(0 <= e < self.num_experts for e in self.router_hot):
+            raise ValueError(f"router_hot must name distinct experts in [0, {self.num_experts}), got {list(self.router_hot)}")
 
     @property
     def family(self) -> Family:
@@ -188,16 +208,34 @@ class Shape:
         return sum(size * torch.Size(s).numel() for _, ts in self.shards() for _, s in ts)
 
     def stamp(self) -> dict:
-        return {"writer": WRITER_VERSION, "shape": asdict(self)}
+        """What the cache stamp records: every field (the router's skew only when set, so checkpoints
+        written before it existed stay current)."""
+        shape = asdict(self)
+        if not self.router_skew and not self.router_hot:
+            del shape["router_skew"], shape["router_hot"]
+        return {"writer": WRITER_VERSION, "shape": shape}
+
+    def preference_ranks(self) -> list[int]:
+        """rank[e]: expert e's place in the router's preference (0 = most favoured)."""
+        order = list(self.router_hot) + [e for e in range(self.num_experts) if e not in self.router_hot]
+        rank = [0] * self.num_experts
+        for r, e in enumerate(order):
+            rank[e] = r
+        return rank
 
     def tensor(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """Norm weights 1, every other tensor N(0, weight_std) from a seed of its own."""
+        """Norm weights 1, every other tensor N(0, weight_std) from a seed of its own; a skewed
+        router's rows scaled by preference (module docstring)."""
         dtype = TORCH_DTYPES[self.dtype]
         if name.endswith("norm.weight"):
             return torch.ones(shape, dtype=dtype)
         digest = hashlib.sha256(f"{self.seed}/{name}".encode()).digest()
         g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-        return torch.randn(shape, generator=g).mul_(self.weight_std).to(dtype)
+        t = torch.randn(shape, generator=g).mul_(self.weight_std)
+        if self.router_skew and name.endswith(self.family.router.split("{layer}")[1]):
+            rank = torch.tensor(self.preference_ranks(), dtype=torch.float32)  # [E]
+            t.mul_((self.num_experts**0.5 / (rank + 1)).pow(self.router_skew)[:, None])  # [E, H]
+        return t.to(dtype)
 
 
 DEMO = Shape(
@@ -213,7 +251,12 @@ QWEN3_SPARSE_TINY = Shape(
     architecture="Qwen3MoeForCausalLM", hidden_size=64, num_layers=2, num_experts=16, top_k=4, expert_intermediate=32,
     num_heads=4, num_kv_heads=2, head_dim=16,
 )
-SHAPES = {"demo": DEMO, "qwen3-sparse": QWEN3_SPARSE, "qwen3-sparse-tiny": QWEN3_SPARSE_TINY}
+QWEN3_SPARSE_SKEW = replace(QWEN3_SPARSE, router_skew=1.0, router_hot=tuple(range(0, 32, 4)))
+QWEN3_SPARSE_TINY_SKEW = replace(QWEN3_SPARSE_TINY, router_skew=1.0, router_hot=(0, 4, 8, 12))
+SHAPES = {
+    "demo": DEMO, "qwen3-sparse": QWEN3_SPARSE, "qwen3-sparse-tiny": QWEN3_SPARSE_TINY,
+    "qwen3-sparse-skew": QWEN3_SPARSE_SKEW, "qwen3-sparse-tiny-skew": QWEN3_SPARSE_TINY_SKEW,
+}
 
 
 def bench_home() -> Path:

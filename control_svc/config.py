@@ -20,11 +20,16 @@ class ControlConfig:
     prepare_timeout_s: float = field(default=120.0, metadata={"help": "expert servers get this long to load new experts"})
     release_timeout_s: float = field(default=30.0, metadata={"help": "old copies are dropped once replicas adopted the new version, or after this long"})
     rebalance_interval_s: float = field(default=0.0, metadata={"help": "check the expert load this often and rebalance when worth it; 0 = only on request (moemesh ctl rebalance)"})
-    rebalance_min_gain: float = field(default=0.05, metadata={"help": "balancedness (mean/max server load, 0..1) a periodic rebalance must gain"})
+    rebalance_min_gain: float = field(default=0.05, metadata={
+        "help": "how much faster the cost model must predict a step to become for a rebalance (0.05 = 5%%) unless forced"})
+    rebalance_payback_s: float = field(default=60.0, metadata={
+        "help": "a rebalance's loading time must be won back by its faster steps within this many seconds of serving"})
     rebalance_min_tokens: int = field(default=1000, metadata={"help": "fewer tokens in the servers' load windows than this: no periodic rebalance"})
     rebalance_max_moves: int = field(default=0, metadata={"help": "most expert copies a periodic rebalance may load; 0 = no limit"})
     rebalance_tolerance: float = field(default=0.05, metadata={"help": "relative balance the solver trades for fewer moves"})
-    redundant_experts: int | None = field(default=None, metadata={"help": "extra expert copies per MoE layer (replicas of the hottest); unset = the solver compares none and every free slot"})
+    redundant_experts: int | None = field(default=None, metadata={
+        "help": "extra expert copies per MoE layer a rebalance may place (replicas of the hottest); the cost model compares "
+                "them with none; unset = every free slot"})
     recovery_wait_s: float = field(default=10.0, metadata={
         "help": "after a restart, the placement is rebuilt from what the expert servers hold once expected_expert_servers re-registered, "
                 "or this long after the first did"})
@@ -58,6 +63,6 @@ class ControlConfig:
 
     def policy(self) -> RebalancePolicy:
         return RebalancePolicy(
-            min_gain=self.rebalance_min_gain, min_tokens=self.rebalance_min_tokens,
+            min_gain=self.rebalance_min_gain, payback_s=self.rebalance_payback_s, min_tokens=self.rebalance_min_tokens,
             max_moves=self.rebalance_max_moves, tolerance=self.rebalance_tolerance,
         )

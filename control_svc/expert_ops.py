@@ -34,10 +34,12 @@ class GrpcExpertOps:
         for k in gone:
             await self._channels.pop(k).close()
 
-    async def load(self, server: ServerInfo, experts: dict[int, tuple[int, ...]], version: int) -> None:
+    async def load(self, server: ServerInfo, experts: dict[int, tuple[int, ...]], version: int) -> float | None:
+        """The seconds the server spent loading, as it reports them (None: not reported)."""
         req = expert_pb2.LoadExpertsRequest(placement_version=version, experts=layer_experts_msgs(experts))
         # wait_for_ready: a server that registered a moment ago may still be bringing its port up
-        await self.stub(server).LoadExperts(req, timeout=self.timeout_s, wait_for_ready=True)
+        resp = await self.stub(server).LoadExperts(req, timeout=self.timeout_s, wait_for_ready=True)
+        return resp.change_seconds or None
 
     async def drop(self, server: ServerInfo, experts: dict[int, tuple[int, ...]], version: int) -> None:
         req = expert_pb2.DropExpertsRequest(placement_version=version, experts=layer_experts_msgs(experts))

@@ -12,6 +12,7 @@ import torch
 from moemesh.errors import invalid
 
 MAX_WINDOW_S = 3600.0  # the longest load window a heartbeat may claim
+MAX_CPUS = 4096.0  # the most CPUs a heartbeat may claim to use or be limited to
 
 
 def window_load(stats: Iterable[object], layers: Sequence[int], num_experts: int) -> torch.Tensor:
@@ -34,7 +35,8 @@ def bounded_stats(stats, layers: Sequence[int], num_experts: int, max_tokens_per
     INVALID_ARGUMENT naming the field for a (layer, expert) the model does not have; each count
     clamped to `max_tokens_per_s` over the claimed window (at most MAX_WINDOW_S; a non-finite or
     non-positive window counts as 1 s), non-finite times as 0. So a forged or broken heartbeat can
-    neither overflow the load nor outweigh every real server by orders of magnitude."""
+    neither overflow the load nor outweigh every real server by orders of magnitude. Its window work
+(`ExpertWork`) is bounded likewise: counts at the same cap, seconds within its window."""
     moe = set(layers)
     for i, load in enumerate(stats.loads):
         if load.layer not in moe:
@@ -50,4 +52,13 @@ def bounded_stats(stats, layers: Sequence[int], num_experts: int, max_tokens_per
         load.tokens = min(load.tokens, cap)
     if not math.isfinite(out.busy_seconds) or out.busy_seconds < 0:
         out.busy_seconds = 0.0
+    work = out.window_work
+    work.seconds = min(work.seconds, MAX_WINDOW_S) if math.isfinite(work.seconds) and work.seconds > 0 else 0.0
+    for name in ("busy_seconds", "service_seconds"):  # no more computing than the window holds
+        value = getattr(work, name)
+        setattr(work, name, min(value, work.seconds) if math.isfinite(value) and value > 0 else 0.0)
+    for name in ("requests", "expert_calls", "rows"):
+        setattr(work, name, min(getattr(work, name), cap))
+    work.cpu_seconds = min(work.cpu_seconds, work.seconds * MAX_CPUS) if math.isfinite(work.cpu_seconds) and work.cpu_seconds > 0 else 0.0
+    work.cpu_limit = min(work.cpu_limit, MAX_CPUS) if math.isfinite(work.cpu_limit) and work.cpu_limit > 0 else 0.0
     return out

@@ -2,8 +2,9 @@
 
 - `initial_placement`: one copy of every expert, round robin within the servers' slot budgets;
 - `solve`: from observed load to the next placement, moving as little as it can (below);
-- `plan_rebalance`: the one rebalance decision: solve, then switch only when `RebalancePolicy` says
-  the gain is worth the moves;
+- `plan_rebalance`: the one rebalance decision: solve, price the candidates with the step and switch
+  cost model (`cost_model`), then switch only when `RebalancePolicy` says the predicted gain is worth
+  the switch;
 - `evacuate`: a placement without a leaving server;
 - `placement_diff`: the copies a switch loads and drops; `balancedness` / `server_loads` score a
   placement under a load.
@@ -31,6 +32,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from control_svc.cost_model import (
+    CostPriors, ExpertShape, Prediction, StepCosts, SwitchCost, calibrate, predict, rows_per_step, switch_cost,
+)
 from control_svc.placement_packing import as_load, incremental, pack, replicate, slot_capacity
 from moemesh.contracts.placement import LayerExperts, Placement
 
@@ -344,12 +348,15 @@ def solve(
 # ---- when a rebalance is worth it ---------------------------------------------------------------
 @dataclass(frozen=True)
 class RebalancePolicy:
-    """min_gain: the balancedness a switch must gain (absolute, 0..1) to be worth its moves.
+    """min_gain: how much faster a step must be predicted to become (0.05: 5%) for a switch.
+    payback_s: the switch's own cost (the seconds its loading takes) must be won back by the faster
+    steps within this many seconds of serving.
     min_tokens: fewer tokens than this in the window is noise: no decision.
     max_moves: most expert copies one switch may load (0 = no limit); above it, no switch.
     tolerance: passed to `solve` (balance traded for fewer moves)."""
 
     min_gain: float = 0.05
+    payback_s: float = 60.0
     min_tokens: int = 10_000
     max_moves: int = 0
     tolerance: float = 0.05
@@ -357,21 +364,53 @@ class RebalancePolicy:
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_gain <= 1.0:
             raise ValueError(f"min_gain must be in [0, 1], got {self.min_gain!r}")
+        if not self.payback_s > 0:
+            raise ValueError(f"payback_s must be > 0, got {self.payback_s!r}")
         for name in ("min_tokens", "max_moves"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.tolerance >= 0:
             raise ValueError(f"tolerance must be >= 0, got {self.tolerance!r}")
 
+    def refusal(self, prediction: Prediction, switch: SwitchCost) -> str:
+        """Why a switch with this predicted step time and cost is not worth it ("" when it is)."""
+        if prediction.gain < 1 + self.min_gain:
+            return f"predicted gain {prediction.gain:.3f}x is below 1 + min_gain {self.min_gain}"
+        if self.max_moves and switch.copies > self.max_moves:
+            return f"{switch.copies} moves exceed max_moves {self.max_moves}"
+        saved = 1 - 1 / prediction.gain  # of every second served
+        if switch.seconds > self.payback_s * saved:
+            return (f"loading {switch.copies} copies ({switch.seconds:.2f}s) is not won back within payback_s "
+                    f"{self.payback_s:g} at a {saved:.1%} saving")
+        return ""
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    """What `plan_rebalance` prices placements with: the calibrated step model, the expert's shape,
+    the routing top-k in force, the measured seconds to load one copy (None: the prior rate)."""
+
+    costs: StepCosts
+    shape: ExpertShape
+    top_k: int = 1
+    seconds_per_copy: float | None = None
+
+    @classmethod
+    def from_priors(cls, shape: ExpertShape = ExpertShape(1024, 512, top_k=2), priors: CostPriors = CostPriors()) -> "CostInputs":
+        """Priors only: before any server reported (a mid-sized bf16 expert by default)."""
+        return cls(calibrate({}, shape, 1, priors), shape, shape.top_k)
+
 
 @dataclass(frozen=True)
 class RebalancePlan:
     placement: Placement | None  # None: keep the current placement (`reason` says why)
     before: float  # balancedness of the current placement under the load
-    after: float  # balancedness of the planned placement (== before when None)
+    after: float  # balancedness of the planned placement (== before when nothing was planned)
     moves: int  # expert copies the switch loads
     tokens: int  # tokens in the load window
     reason: str = ""
+    prediction: Prediction | None = None  # step time now and with the plan (None: nothing was solved)
+    switch: SwitchCost | None = None  # what loading the plan's new copies costs
 
 
 def plan_rebalance(
@@ -383,12 +422,20 @@ def plan_rebalance(
     num_physical: int | None = None,
     force: bool = False,
     prior: int = 0,
+    cost: CostInputs | None = None,
 ) -> RebalancePlan:
     """load [L, E] (rows = `layers`); the solver sees `load + prior` (a prior of a few tokens per
-    expert spreads experts even where nothing was observed). Unforced, a plan needs
-    `policy.min_tokens` tokens, a balancedness gain of `policy.min_gain` and at most
-    `policy.max_moves` moves (0 = any); forced, any change the solver finds is planned. A current
-    placement naming servers outside `budgets` (dead or leaving) is always re-solved."""
+    expert spreads experts even where nothing was observed).
+
+    Candidates: the solver's placement for `num_physical` copies per layer (None: left to the
+    solver), and its placement with one copy per expert (no replicas), so that the cost model, not
+    the token balance alone, decides whether replicas pay. Each is priced by `cost` (the step model
+    and the switch's cost, `control_svc.cost_model`); the one predicted fastest is planned when the
+    policy accepts it (`RebalancePolicy.refusal`: the margin, max_moves, the payback). Unforced, a
+    plan also needs `policy.min_tokens` tokens; forced, the fastest candidate that changes the
+    placement is planned. A current placement naming servers outside `budgets` (dead or leaving) is
+    always re-solved."""
+    cost = cost or CostInputs.from_priors()
     ids = [b.server_id for b in budgets]
     tokens = int(load.sum())
     load = load + prior
@@ -396,14 +443,26 @@ def plan_rebalance(
     lost = [s for s in current.servers() if s not in ids]
     if not force and not lost and tokens < policy.min_tokens:
         return RebalancePlan(None, before, before, 0, tokens, f"{tokens} tokens in the load window, fewer than min_tokens {policy.min_tokens}")
-    new = solve(load, budgets, num_physical, current, layer_ids=list(layers), tolerance=policy.tolerance)
-    if new is current:
+    options = [num_physical] + ([load.shape[1]] if num_physical != load.shape[1] else [])
+    candidates: list[Placement] = []
+    for p in options:
+        new = solve(load, budgets, p, current, layer_ids=list(layers), tolerance=policy.tolerance)
+        if new is not current and all(new.replicas != c.replicas for c in candidates):
+            candidates.append(new)
+    if not candidates:
         return RebalancePlan(None, before, before, 0, tokens, "the solver keeps the current placement")
+    rows = rows_per_step(load, cost.costs, cost.top_k)
+    priced = []
+    for new in candidates:
+        prediction = predict(rows, current, rows, new, layers, cost.costs)
+        switch = switch_cost(placement_diff(current, new).moves, cost.shape, cost.seconds_per_copy)
+        priced.append((prediction, switch, new))
+    prediction, switch, new = min(priced, key=lambda c: (-c[0].gain, c[1].copies))
+    if not force and not lost and prediction.gain <= 1.0:
+        return RebalancePlan(None, before, before, 0, tokens, f"no candidate is predicted faster (the best: {prediction.gain:.3f}x)", prediction)
     after = balancedness(load, new, ids, layers)
-    moves = placement_diff(current, new).moves
     if not force and not lost:
-        if after - before < policy.min_gain:
-            return RebalancePlan(None, before, after, moves, tokens, f"balancedness gain {after - before:.3f} is below min_gain {policy.min_gain}")
-        if policy.max_moves and moves > policy.max_moves:
-            return RebalancePlan(None, before, after, moves, tokens, f"{moves} moves exceed max_moves {policy.max_moves}")
-    return RebalancePlan(new, before, after, moves, tokens)
+        why = policy.refusal(prediction, switch)
+        if why:
+            return RebalancePlan(None, before, after, switch.copies, tokens, why, prediction, switch)
+    return RebalancePlan(new, before, after, switch.copies, tokens, "", prediction, switch)

@@ -3,8 +3,11 @@
 - initial: once `expected_expert_servers` servers serve and no placement exists, the initial
   placement (round robin within slot budgets) goes through prepare -> commit -> release as v1;
 - rebalance: on request or every `rebalance_interval_s`, the solver's placement for the servers'
-  window load is switched in when the policy says it is worth it (`placement.plan_rebalance`);
-- knobs: top-k / capacity changes are a new version with the same replicas and new knobs;
+  window load is switched in when the policy says it is worth it (`placement.plan_rebalance`,
+  priced by the cost model calibrated from the servers' window work, `cost_model.calibrate`); a
+  dry run plans and prices without switching;
+- knobs: top-k / capacity changes are a new version with the same replicas and new knobs (their
+  predicted effect on the step time comes with them);
 - join: a server registering after the initial placement gets experts (a forced rebalance);
 - drain: a draining server's experts move to the others before it leaves; undrain: it serves
   again and a forced rebalance gives it experts back;
@@ -23,6 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import grpc
@@ -30,8 +36,11 @@ import torch
 
 from control_svc.board import PlacementBoard, PlacementView
 from control_svc.config import ControlConfig
+from control_svc.cost_model import ExpertShape, Prediction, WorkSample, calibrate, predict, rows_per_step
 from control_svc.load import bounded_stats, window_load
-from control_svc.placement import RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance
+from control_svc.placement import (
+    CostInputs, RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance,
+)
 from control_svc.recovery import check_held, rebuild_placement
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
@@ -42,6 +51,16 @@ from moemesh.errors import MeshError, invalid
 from moemesh.telemetry import ServiceMetrics
 
 log = logging.getLogger(__name__)
+PLANNER_NICENESS = 10  # how much lower the solver thread's CPU priority is
+
+
+def lower_priority() -> None:
+    """Lower this thread's CPU priority by PLANNER_NICENESS (Linux: niceness is per thread)."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + PLANNER_NICENESS))
+    except (AttributeError, OSError):  # no per-thread priority here: the solver runs at the normal one
+        pass
 
 
 class ControlPlane:
@@ -53,8 +72,12 @@ class ControlPlane:
         ops: ExpertServerOps,
         registry: Registry | None = None,
         metrics: ServiceMetrics | None = None,
+        shape: ExpertShape | None = None,
     ):
+        """shape: the model's expert (sizes, top-k) for the cost model (default: a mid-sized one)."""
         self.moe_layers = moe_layers
+        self.shape = shape or CostInputs.from_priors().shape
+        self.seconds_per_copy: float | None = None  # loading one expert copy, from the last prepare phases
         self.num_experts = num_experts
         self.cfg = cfg
         self.expected = cfg.expected_expert_servers
@@ -73,6 +96,7 @@ class ControlPlane:
             cfg.prepare_timeout_s,
             cfg.release_timeout_s,
             lambda: self.floor,
+            self._loaded,
         )
         self.floor = 0  # the newest placement version a server or replica reported
         # a server or replica reported a placement version before this plane committed any: it restarted,
@@ -81,6 +105,8 @@ class ControlPlane:
         self.restarted = False
         self._inherited_knobs: tuple[int, MoeKnobs] | None = None  # (version, knobs) replicas ran before a restart
         self._knobs_set = False  # knobs were set on this plane (they win over inherited ones)
+        # the solver's thread, at a lower CPU priority: on a shared machine a plan takes idle CPU, not serving's
+        self._planning = ThreadPoolExecutor(1, thread_name_prefix="planner", initializer=lower_priority)
         self._initial: asyncio.Task | None = None
         self._recovery_timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()  # placement changes running in the background
@@ -189,6 +215,29 @@ class ControlPlane:
             for s in self.registry.serving()
         ]
 
+    def _loaded(self, copies: int, seconds: float) -> None:
+        """A server's prepare call loaded `copies` in `seconds`: the switch cost's rate (a running mean
+        that follows the recent switches)."""
+        if copies > 0:
+            rate = seconds / copies
+            self.seconds_per_copy = rate if self.seconds_per_copy is None else 0.5 * (self.seconds_per_copy + rate)
+
+    def work(self) -> dict[str, WorkSample]:
+        """Each serving server's work over its load window (from its last heartbeat)."""
+        out = {}
+        for rec in self.registry.experts.values():
+            if rec.info.state == "serving" and rec.stats is not None and rec.stats.HasField("window_work"):
+                w = rec.stats.window_work
+                out[rec.info.server_id] = WorkSample(w.seconds, w.requests, w.expert_calls, w.rows, w.busy_seconds, w.service_seconds,
+                                                     w.cpu_seconds, w.cpu_limit)
+        return out
+
+    def cost_inputs(self, view: PlacementView) -> CostInputs:
+        """The cost model as the servers' reports calibrate it, for the knobs of `view`."""
+        top_k = view.knobs.effective(self.moe_layers[0], self.shape.top_k)[0]
+        costs = calibrate(self.work(), self.shape, len(self.moe_layers))
+        return CostInputs(costs, self.shape, top_k, self.seconds_per_copy)
+
     def balancedness(self) -> float:
         placement = self.board.current.placement
         ids = [s.server_id for s in self.registry.serving()] or list(placement.servers())
@@ -201,38 +250,70 @@ class ControlPlane:
             self.metrics.set_placement(self.board.version, self.balancedness())
 
     # ---- placement changes -------------------------------------------------------------------
-    async def rebalance(self, force: bool = False, prior: int = 1) -> RebalancePlan:
-        """Solve for the window load (+ `prior` tokens per expert, so an idle mesh still spreads)
-        and switch when the plan says so. Returns the plan (`placement` None: nothing switched).
-        MeshError FAILED_PRECONDITION before the first placement or when the servers cannot hold
-        the experts, ABORTED when the switch cannot be prepared."""
-        plans: list[RebalancePlan] = []
+    async def rebalance(self, force: bool = False, prior: int = 1, dry_run: bool = False) -> RebalancePlan:
+        """Solve for the window load (+ `prior` tokens per expert, so an idle mesh still spreads),
+        price the candidates and switch when the plan says so (never for a dry run). Returns the
+        plan (`placement` None: nothing planned). The solver runs off the event loop, on a thread of
+        lower CPU priority; when the placement changed meanwhile it plans again under the switch lock. MeshError
+        FAILED_PRECONDITION before the first placement or when the servers cannot hold the experts,
+        ABORTED when the switch cannot be prepared."""
+        view = self.board.current
+        start = asyncio.get_running_loop().time()
+        plan = await asyncio.get_running_loop().run_in_executor(self._planning, self._planner(view, force, prior))
+        log.info("planned a rebalance in %.2fs: %s", asyncio.get_running_loop().time() - start,
+                 "switch" if plan.placement is not None else plan.reason)
+        if dry_run or plan.placement is None:
+            return plan
+        plans = [plan]
 
-        def build(view: PlacementView):
-            self._check_placed(view)
-            budgets = self.budgets()
-            if not budgets:
-                raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "no serving expert server to place experts on")
-            num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
-            try:
-                plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force, prior)
-            except ValueError as e:  # e.g. the serving servers' budgets cannot hold every expert
-                raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from e
-            plans.append(plan)
-            return None if plan.placement is None else (plan.placement, view.knobs)
+        def build(current: PlacementView):
+            if current.placement.version != view.placement.version:
+                plans.append(self._planner(current, force, prior)())
+            p = plans[-1]
+            return None if p.placement is None else (p.placement, current.knobs)
 
-        view = await self.switch.switch_with(build)
+        committed = await self.switch.switch_with(build)
         self._publish_metrics()
         plan = plans[-1]
-        if view is not None:
-            log.info("rebalanced to v%d: balancedness %.3f -> %.3f, %d moves, %d tokens in the window",
-                     view.placement.version, plan.before, plan.after, plan.moves, plan.tokens)
+        if committed is not None:
+            gain = f", predicted {plan.prediction.gain:.3f}x" if plan.prediction else ""
+            log.info("rebalanced to v%d: balancedness %.3f -> %.3f, %d moves, %d tokens in the window%s",
+                     committed.placement.version, plan.before, plan.after, plan.moves, plan.tokens, gain)
+        return plan
+
+    def _planner(self, view: PlacementView, force: bool, prior: int):
+        """A call that plans from `view` with what the plane knows now (gathered here, on the loop)."""
+        self._check_placed(view)
+        budgets = self.budgets()
+        if not budgets:
+            raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, "no serving expert server to place experts on")
+        num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
+        load, cost = self.load(), self.cost_inputs(view)
+
+        def plan() -> RebalancePlan:
+            try:
+                return plan_rebalance(load, budgets, view.placement, self.moe_layers, self.policy, num_physical, force, prior, cost)
+            except ValueError as e:  # e.g. the serving servers' budgets cannot hold every expert
+                raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, str(e)) from e
+
         return plan
 
     def _physical(self, budgets: list[ServerBudget]) -> int:
         """E + redundant_experts copies per layer, capped by what the budgets hold."""
         capacity = sum(min(b.slots, self.num_experts) for b in budgets)
         return max(self.num_experts, min(self.num_experts + self.cfg.redundant_experts, capacity))
+
+    def predict_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> Prediction:
+        """The step time now and with these knobs, as the cost model sees it: a top-k change scales
+        each layer's rows by new / old top-k (the traffic to the experts); capacity does not enter."""
+        view = self.board.current
+        self._check_placed(view)
+        new = view.knobs.updated(top_k, capacity_factor, layer)
+        ratio = torch.tensor([[new.effective(l, self.shape.top_k)[0] / view.knobs.effective(l, self.shape.top_k)[0]]
+                              for l in self.moe_layers], dtype=torch.float64)  # [L, 1]
+        cost = self.cost_inputs(view)
+        rows = rows_per_step(self.load() + 1, cost.costs, cost.top_k)
+        return predict(rows, view.placement, rows * ratio, view.placement, self.moe_layers, cost.costs)
 
     async def set_knobs(self, top_k: int | None, capacity_factor: float | None, layer: int | None) -> PlacementView:
         """Commit a new version with the same replicas and the changed knobs; returns once every
@@ -309,7 +390,8 @@ class ControlPlane:
                 log.info("moving the experts of %s needs a re-solve: %s", server_id, e)
             budgets = self.budgets()
             num_physical = None if self.cfg.redundant_experts is None else self._physical(budgets)
-            plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force=True, prior=1)
+            plan = plan_rebalance(self.load(), budgets, view.placement, self.moe_layers, self.policy, num_physical, force=True, prior=1,
+                                  cost=self.cost_inputs(view))
             return None if plan.placement is None else (plan.placement, view.knobs)
 
         await self.switch.switch_with(build)
@@ -420,6 +502,10 @@ class ControlPlane:
             log.warning("rebuilding the placement after %.1fs with %d of %d expected expert servers back",
                         wait_s, len(self.registry.serving()), self.expected)
             self._start_initial()
+
+    def close(self) -> None:
+        """Stop the solver's thread (a plan in progress finishes first)."""
+        self._planning.shutdown(wait=False, cancel_futures=True)
 
     # ---- loops -------------------------------------------------------------------------------
     async def reap_forever(self) -> None:

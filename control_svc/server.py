@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 
 from control_svc.config import ControlConfig
+from control_svc.cost_model import ExpertShape
 from control_svc.expert_ops import GrpcExpertOps
 from control_svc.plane import ControlPlane
 from control_svc.servicer import SERVICE_NAME, ControlServicer
 from moemesh.contracts.wire import control_grpc
+from moemesh.config import ModelConfig
 from moemesh.models.registry import load_model_config
 from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import MetricsServer, ServiceMetrics
@@ -50,6 +52,13 @@ class ControlServer:
             task.cancel()
         await self.mesh.shutdown(grace_s)
         await self.ops.close()
+        self.plane.close()
+
+
+def expert_shape(model: ModelConfig) -> ExpertShape:
+    """The cost model's view of the model's experts (weights and activations in its dtype)."""
+    size = model.dtype.itemsize
+    return ExpertShape(model.hidden_size, model.moe_intermediate_size, size, size, model.top_k)
 
 
 async def create_server(cfg: ControlConfig) -> tuple[ControlServer, int]:
@@ -58,7 +67,7 @@ async def create_server(cfg: ControlConfig) -> tuple[ControlServer, int]:
         raise ValueError(f"model_dir {cfg.model_dir!r} holds a dense model: no experts to place")
     ops = GrpcExpertOps(cfg.rpc, cfg.prepare_timeout_s)
     metrics = ServiceMetrics("control")
-    plane = ControlPlane(model.moe_layers, model.num_experts, cfg, ops, metrics=metrics)
+    plane = ControlPlane(model.moe_layers, model.num_experts, cfg, ops, metrics=metrics, shape=expert_shape(model))
     mesh = build_server(cfg.rpc, Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(plane), SERVICE_NAME))
     port = mesh.bind(f"{cfg.host}:{cfg.port}")
     metrics_server = metrics.serve(cfg.metrics_port, cfg.host) if cfg.metrics_port is not None else None

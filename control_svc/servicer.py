@@ -35,6 +35,7 @@ def status_message(st: ControlStatus):
             msg.queue_depth = s.stats.queue_depth
             msg.busy_seconds = s.stats.busy_seconds
             msg.gpu.CopyFrom(s.stats.gpu)
+            msg.window_work.CopyFrom(s.stats.window_work)
         servers.append(msg)
     return control_pb2.StatusResponse(
         placement_version=st.placement.version, balancedness=st.balancedness, window_tokens=st.window_tokens,
@@ -124,23 +125,38 @@ class ControlServicer(control_grpc.ControlServiceServicer):
 
     async def Rebalance(self, request, context):
         try:
-            plan = await self.plane.rebalance(force=request.force)
+            plan = await self.plane.rebalance(force=request.force, dry_run=request.dry_run)
+            calibrated = self.plane.cost_inputs(self.plane.board.current).costs.calibrated
         except MeshError as e:
             await context.abort(e.code, e.message)
-        return control_pb2.RebalanceResponse(
-            switched=plan.placement is not None, placement_version=self.plane.board.version,
+        resp = control_pb2.RebalanceResponse(
+            switched=plan.placement is not None and not request.dry_run, placement_version=self.plane.board.version,
             balancedness_before=plan.before, balancedness_after=plan.after, moves=plan.moves, reason=plan.reason,
+            dry_run=request.dry_run, calibrated=calibrated,
         )
+        if plan.prediction is not None:
+            p = plan.prediction
+            resp.predicted_gain, resp.step_ms_before, resp.step_ms_after = p.gain, 1e3 * p.step_s_before, 1e3 * p.step_s_after
+            resp.budget_bound = p.budget_bound
+        if plan.switch is not None:
+            resp.bytes_to_load, resp.switch_seconds = plan.switch.bytes, plan.switch.seconds
+        return resp
 
     async def SetKnobs(self, request, context):
         top_k = request.top_k if request.HasField("top_k") else None
         cf = request.capacity_factor if request.HasField("capacity_factor") else None
         layer = request.layer if request.HasField("layer") else None
         try:
-            view = await self.plane.set_knobs(top_k, cf, layer)
+            self.plane.check_knobs(top_k, cf, layer)
+            p = self.plane.predict_knobs(top_k, cf, layer)
+            view = self.plane.board.current if request.dry_run else await self.plane.set_knobs(top_k, cf, layer)
         except MeshError as e:
             await context.abort(e.code, e.message)
-        return control_pb2.SetKnobsResponse(placement_version=view.placement.version, knobs=knobs_to_proto(view.knobs))
+        knobs = view.knobs.updated(top_k, cf, layer) if request.dry_run else view.knobs
+        return control_pb2.SetKnobsResponse(
+            placement_version=view.placement.version, knobs=knobs_to_proto(knobs), predicted_gain=p.gain,
+            step_ms_before=1e3 * p.step_s_before, step_ms_after=1e3 * p.step_s_after, dry_run=request.dry_run, budget_bound=p.budget_bound,
+        )
 
     async def ReportFailure(self, request, context):
         if not request.server_id:

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class ExpertServerOps(Protocol):
     """The calls the control plane makes on expert servers (`GrpcExpertOps`; fakes in tests)."""
 
-    async def load(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
+    async def load(self, server: ServerInfo, experts: LayerExperts, version: int) -> float | None: ...  # seconds spent loading, if known
     async def drop(self, server: ServerInfo, experts: LayerExperts, version: int) -> None: ...
     async def ping(self, server: ServerInfo, timeout_s: float) -> None: ...
     async def forget(self, server_id: str) -> None: ...
@@ -58,10 +58,12 @@ class PlacementSwitch:
         prepare_timeout_s: float,
         release_timeout_s: float,
         floor: Callable[[], int] = lambda: 0,
+        on_loaded: Callable[[int, float], None] = lambda copies, seconds: None,
     ):
         """servers(): id -> ServerInfo of known servers; adopted(): versions live attention replicas run;
         floor(): the newest version anyone reported (e.g. from before a control plane restart):
-        renumbered placements are numbered above it, so replicas adopt them."""
+        renumbered placements are numbered above it, so replicas adopt them; on_loaded(copies, seconds):
+        one server's prepare call loaded `copies` in `seconds` (the cost model's rate)."""
         self.ops = ops
         self.board = board
         self.servers = servers
@@ -69,6 +71,7 @@ class PlacementSwitch:
         self.floor = floor
         self.prepare_timeout_s = prepare_timeout_s
         self.release_timeout_s = release_timeout_s
+        self.on_loaded = on_loaded
         self._lock = asyncio.Lock()  # one prepare + commit at a time
         self.running = 0  # changes between prepare and the end of release
 
@@ -109,11 +112,23 @@ class PlacementSwitch:
             self.running -= 1
 
     async def prepare(self, to_load: dict[str, LayerExperts], known: Mapping[str, ServerInfo], version: int) -> None:
-        calls = [self.ops.load(known[s], experts, version) for s, experts in to_load.items()]
+        async def timed(server: ServerInfo, experts: LayerExperts) -> None:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            reported = await self.ops.load(server, experts, version)
+            # the server's own loading seconds leave out the pauses it takes to spare its calls
+            self.on_loaded(sum(len(es) for es in experts.values()), reported or loop.time() - start)
+
+        calls = [timed(known[s], experts) for s, experts in to_load.items()]
+        start = asyncio.get_running_loop().time()
         try:
             await asyncio.wait_for(asyncio.gather(*calls), self.prepare_timeout_s)
         except Exception as e:
             raise MeshError(grpc.StatusCode.ABORTED, f"prepare of placement v{version} failed: {e}") from e
+        if to_load:
+            log.info("prepared placement v%d: %d expert copies loaded on %d servers in %.2fs", version,
+                     sum(len(es) for layers in to_load.values() for es in layers.values()), len(to_load),
+                     asyncio.get_running_loop().time() - start)
 
     async def wait_adopted(self, version: int, timeout_s: float) -> bool:
         """Until every live attention replica runs `version` or later (True), or `timeout_s` passed."""

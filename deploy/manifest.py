@@ -6,13 +6,6 @@ import re
 from typing import Any
 
 Obj = dict[str, Any]
-SERVICE_CONFIGS = {  # service -> config dataclass, as `moemesh serve` resolves them
-    "router": "router_svc.config:RouterConfig",
-    "attention": "attention_svc.config:AttentionConfig",
-    "expert": "expert_svc.config:ExpertServerConfig",
-    "control": "control_svc.config:ControlConfig",
-    "gateway": "gateway_svc.config:GatewayConfig",
-}
 INTERNAL = ("attention", "expert", "control")
 HTTP_SERVICES = ("gateway",)  # serve HTTP (port named `http`, HTTP probes), not gRPC
 NO_MODEL = ("gateway",)  # read no model: need no model volume
@@ -21,14 +14,10 @@ ENV_RE = re.compile(r"^MOEMESH_([A-Z]+)_([A-Z0-9_]+)$")
 
 
 def load_config_classes() -> dict[str, type]:
-    """The services' config classes (ImportError if one is missing)."""
-    import importlib
+    """The services' config classes, from `moemesh serve`'s table of services (ImportError if one is missing)."""
+    from moemesh.cli.serve import SERVICES, resolve
 
-    out = {}
-    for service, spec in SERVICE_CONFIGS.items():
-        module, _, attr = spec.partition(":")
-        out[service] = getattr(importlib.import_module(module), attr)
-    return out
+    return {service: resolve(config) for service, (config, _) in SERVICES.items()}
 
 
 def field_table(configs: dict[str, type]) -> dict[str, dict[str, Any]]:

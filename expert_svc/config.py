@@ -34,7 +34,13 @@ class ExpertServerConfig:
     inline_max_elements: int = field(default=1 << 18, metadata={
         "help": "with compute_threads 1, a gRPC call whose rows x hidden is at most this (decode-sized) "
                 "is computed on the event loop, saving two thread hand-offs; 0 = always on the compute pool"})
+    all_experts_path: bool = field(default=True, metadata={
+        "help": "for a model whose top-k is its number of experts, calls that send every token to every expert held "
+                "run those experts side by side as two matmuls (moe.layer_experts); off, every call runs kernels.moe_mlp"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads for the expert GEMMs (0 = torch's default: every core)"})
+    load_cpu_share: float = field(default=0.1, metadata={
+        "help": "while the server serves calls, loading and dropping experts use at most this share of its CPUs "
+                "(its CPU budget), pausing between layers, so a switch does not starve the calls; 1 = no pauses"})
     load_window_s: float = field(default=60.0, metadata={"help": "sliding window of the per-expert token counts reported to the control plane"})
     metrics_port: int | None = field(default=None, metadata={"help": "Prometheus /metrics port; unset = no metrics endpoint, 0 = any free port"})
     rpc: RpcConfig = RpcConfig()
@@ -45,6 +51,8 @@ class ExpertServerConfig:
         self.rpc.security.require_token()  # a service never serves open by accident
         if not (self.device == "cpu" or (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ValueError(f"device must be cpu or cuda:N, got {self.device!r}")
+        if not 0.0 < self.load_cpu_share <= 1.0:
+            raise ValueError(f"load_cpu_share must be in (0, 1], got {self.load_cpu_share!r}")
         for name in ("port", "dist_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -23,12 +24,14 @@ import torch
 from expert_svc.config import ExpertServerConfig
 from expert_svc.control_agent import ControlAgent
 from expert_svc.dist_hub import DistHub
+from expert_svc.load_pacing import LoadPacer
 from expert_svc.servicer import SERVICE_NAME, ExpertServicer, expert_grpc, stats_message
 from expert_svc.shard import ExpertShard
 from moemesh.contracts.info import ServerInfo
 from moemesh.engine.device import select_device
 from moemesh.rpc.server import MeshServer, Service, build_server, print_ready
 from moemesh.telemetry import GpuTelemetry, MetricsServer, ServiceMetrics
+from moemesh.telemetry.cpu_limit import cpu_limit
 from moemesh.transport.base import ExpertRequest
 
 log = logging.getLogger("expert_svc")
@@ -170,7 +173,9 @@ async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
         torch.set_num_threads(cfg.num_threads)
     device = select_device(cfg.device)
     gpu = GpuTelemetry.for_device(cfg.device)
-    shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget, cfg.load_window_s)
+    shard = ExpertShard.from_model_dir(cfg.model_dir, cfg.dtype, device, cfg.experts_dtype, cfg.slot_budget, cfg.load_window_s,
+                                       all_experts_path=cfg.all_experts_path)
+    shard.stats.cpu_limit = cpu_limit() if device.type == "cpu" else None  # the budget the cost model holds its CPU demand to
     metrics = ServiceMetrics("expert", load=shard.stats.load, gpu=gpu)
     shard.stats.metrics = metrics  # queue depth and busy time mirrored into /metrics
     if cfg.preload == "all":
@@ -179,7 +184,9 @@ async def create_server(cfg: ExpertServerConfig) -> tuple[ExpertServer, int]:
     if cfg.offers_dist:
         dist = DistHub(cfg.host, cfg.dist_port, device, cfg.dist_timeout_s, cfg.rpc.max_message_bytes, handler=counted(shard))
     pool = ThreadPoolExecutor(max_workers=cfg.compute_threads, thread_name_prefix="expert-compute")
-    servicer = ExpertServicer(shard, pool, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0)
+    cpus = shard.stats.cpu_limit or len(os.sched_getaffinity(0))
+    servicer = ExpertServicer(shard, pool, dist, gpu, inline_max_elements=cfg.inline_max_elements if cfg.compute_threads == 1 else 0,
+                              pacer=LoadPacer(cpus, cfg.load_cpu_share))
     mesh = build_server(cfg.rpc, Service(expert_grpc.add_ExpertServiceServicer_to_server, servicer, SERVICE_NAME))
     port = mesh.bind(f"{cfg.host}:{cfg.port}")
     mesh.add_cleanup(lambda: pool.shutdown(wait=False, cancel_futures=True))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
@@ -10,6 +11,7 @@ import grpc
 import torch
 
 from expert_svc.dist_hub import CLIENT_RANK, DistHub
+from expert_svc.load_pacing import LoadPacer, cpu_timed
 from expert_svc.shard import ExpertShard
 from moemesh.contracts.wire import held_to_proto
 from moemesh.errors import MeshError, invalid
@@ -49,15 +51,17 @@ def failure_of(e: Exception, what: str) -> MeshError:
 class ExpertServicer(expert_grpc.ExpertServiceServicer):
     def __init__(
         self, shard: ExpertShard, pool: ThreadPoolExecutor, dist: DistHub | None = None,
-        gpu: GpuTelemetry | None = None, inline_max_elements: int = 0,
+        gpu: GpuTelemetry | None = None, inline_max_elements: int = 0, pacer: LoadPacer | None = None,
     ):
         """inline_max_elements: a call whose rows x hidden is at most this (a decode-sized call) is
         computed on the event loop itself instead of the pool (0 = never). With one compute thread the
         pool runs calls one at a time anyway, and its two thread hand-offs per call (loop -> pool ->
         loop) are a large part of a small call's latency; larger calls (prefill) stay on the pool so
         health checks and heartbeats are never held up long. The shard's layers are immutable
-        snapshots, so a LoadExperts running on the pool meanwhile stays safe."""
+        snapshots, so a LoadExperts running on the pool meanwhile stays safe. pacer: the pauses between
+        the layers of a LoadExperts or DropExperts while the server serves (`load_pacing`)."""
         self.inline_max_elements = inline_max_elements
+        self.pacer = pacer  # loads and drops while serving (None: no pauses)
         self.gpu = gpu
         self.shard = shard
         self.pool = pool
@@ -102,12 +106,27 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 self.shard.stats.leave()
             yield resp
 
-    async def LoadExperts(self, request, context):
+    async def _change(self, context, fn, request):
+        """fn(layer, experts) for each layer of `request` on the pool, under `self.changing` (one change
+        at a time), paced by `self.pacer` between layers; each layer's experts marked changed at the
+        request's placement version; the ExpertSet held after, with the seconds spent changing (pauses
+        left out)."""
+        changing = 0.0
         async with self.changing:
             for le in request.experts:
-                await self._run(context, self.shard.load, le.layer, list(le.expert_ids))
+                start = time.monotonic()
+                _, cpu_s = await self._run(context, cpu_timed(fn), le.layer, list(le.expert_ids))
+                elapsed = time.monotonic() - start
+                changing += elapsed
                 self._changed(le, request.placement_version)
-        return held_to_proto(self.shard.held())
+                if self.pacer is not None:
+                    await asyncio.sleep(self.pacer.pause(cpu_s, elapsed, self.shard.stats.since_call()))
+        out = held_to_proto(self.shard.held())
+        out.change_seconds = changing
+        return out
+
+    async def LoadExperts(self, request, context):
+        return await self._change(context, self.shard.load, request)
 
     def _changed(self, le, version: int) -> None:
         self.version_seen(version)
@@ -120,11 +139,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 await self.drop_guard({le.layer: list(le.expert_ids) for le in request.experts})
             except MeshError as e:
                 await context.abort(e.code, e.message)
-        async with self.changing:
-            for le in request.experts:
-                await self._run(context, self.shard.drop, le.layer, list(le.expert_ids))
-                self._changed(le, request.placement_version)
-        return held_to_proto(self.shard.held())
+        return await self._change(context, self.shard.drop, request)
 
     async def GetStats(self, request, context):
         return stats_message(self.shard, reset=request.reset, gpu=self.gpu)
@@ -159,4 +174,6 @@ def stats_message(shard: ExpertShard, reset: bool = False, gpu: GpuTelemetry | N
         window_seconds=snap.window_seconds,
         held=held_to_proto(shard.held()),
         gpu=gpu_message(gpu),
+        window_work=expert_pb2.ExpertWork(**{k: (int(v) if k in ("requests", "expert_calls", "rows") else v) for k, v in snap.work.items()},
+                                          cpu_limit=snap.cpu_limit or 0.0),
     )

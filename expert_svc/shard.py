@@ -8,7 +8,9 @@ Each layer's experts live in one `LayerExperts` (E = the experts held, ascending
 layer (`ExpertRequest`): the shard checks it (`check_request`, then the experts it holds), runs it
 and returns its weighted partial sum. `load`/`drop` build the layer's new weights off to the side
 and swap in a new immutable `LayerExperts`, so a call that started on the old set finishes on it: a
-live placement change never disturbs a request in flight.
+live placement change never disturbs a request in flight. Only the experts a `load` adds are read
+from the checkpoint (`experts_read` counts them); the ones held are copied from memory into the new
+layer, and a `drop` reads nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from expert_svc.request_check import check_experts, check_layer, check_request
 from expert_svc.stats import ShardStats
+from kernels import ExpertWeights
 from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.errors import MeshError
@@ -42,13 +45,14 @@ class ExpertShard:
         slot_budget: int = 0,
         stats: ShardStats | None = None,
         pack: bool | None = None,
-        all_experts_path: bool | None = None,
+        all_experts_path: bool = True,
     ):
         """stats: where calls are counted (default: a 60 s load window, no Prometheus metrics).
         pack: hold a oneDNN-packed copy of dense experts for calls that send every token to every
         expert held (None = auto, `pack_by_default`: only for a model whose own top-k is its number
-        of experts). all_experts_path: False runs every call through `kernels.moe_mlp`; None = auto
-        (`all_experts_path_by_default`: only for a model whose own top-k is its number of experts)."""
+        of experts). all_experts_path: False runs every call through `kernels.moe_mlp`; True holds the
+        all-experts layout where it applies (`all_experts_path_by_default`: the model's own top-k is
+        its number of experts)."""
         self.reader = reader
         self.model = model
         self.dtype = dtype
@@ -56,15 +60,14 @@ class ExpertShard:
         self.experts_dtype = experts_dtype
         self.slot_budget = slot_budget
         self.stats = stats or ShardStats(model.moe_layers, model.num_experts)
-        self.all_experts_path = (
-            all_experts_path_by_default(model.top_k, model.num_experts) if all_experts_path is None else all_experts_path
-        )
+        self.all_experts_path = all_experts_path and all_experts_path_by_default(model.top_k, model.num_experts)
         if pack is None:  # at most every expert of every MoE layer, dense in the compute dtype
             most = len(model.moe_layers) * model.num_experts * 3 * model.hidden_size * model.moe_intermediate_size
             pack = pack_by_default(model.top_k, model.num_experts, dtype, device, most * dtype.itemsize)
         self.pack = pack
         self._layers: dict[int, LayerExperts] = {}
         self._mutate = threading.Lock()  # one load/drop at a time; forwards never take it
+        self.experts_read = 0  # (layer, expert) weights read from the checkpoint since start
 
     # ---- placement changes -------------------------------------------------------------------
     def held(self) -> dict[int, tuple[int, ...]]:
@@ -88,7 +91,15 @@ class ExpertShard:
                     f"slot_budget: loading layer {layer} experts {sorted(want - have)} needs {self.slots_used() - len(have) + len(new)} slots, "
                     f"slot_budget is {self.slot_budget}"
                 )
-            self._install(layer, new)
+            added = sorted(want - have)
+            fresh = load_expert_weights(self.reader, self.model, layer, added, self.dtype, self.experts_dtype).to(self.device)
+            self.experts_read += len(added)
+            if current is None:
+                self._install(layer, added, fresh)
+            else:  # held experts then added ones, put in id order
+                combined = list(current.expert_ids) + added
+                order = sorted(range(len(combined)), key=combined.__getitem__)
+                self._install(layer, new, ExpertWeights.concat([current.weights, fresh], torch.tensor(order)))
             return tuple(new)
 
     def drop(self, layer: int, experts: Iterable[int]) -> tuple[int, ...]:
@@ -102,7 +113,8 @@ class ExpertShard:
             if len(keep) == len(current.expert_ids):
                 return current.expert_ids
             if keep:
-                self._install(layer, keep)
+                at = [i for i, e in enumerate(current.expert_ids) if e not in gone]
+                self._install(layer, keep, current.weights.select(torch.tensor(at)))
             else:
                 del self._layers[layer]
             return tuple(keep)
@@ -111,8 +123,8 @@ class ExpertShard:
         for layer in self.model.moe_layers:
             self.load(layer, range(self.model.num_experts))
 
-    def _install(self, layer: int, expert_ids: list[int]) -> None:
-        w = load_expert_weights(self.reader, self.model, layer, expert_ids, self.dtype, self.experts_dtype).to(self.device)
+    def _install(self, layer: int, expert_ids: list[int], w: ExpertWeights) -> None:
+        """Serve `w` (experts `expert_ids`, ascending, on the shard's device) for `layer` from now on."""
         held = LayerExperts.hold(expert_ids, w, self.all_experts_path)
         self._layers[layer] = held.packed() if self.pack else held
 
@@ -158,7 +170,7 @@ class ExpertShard:
         slot_budget: int = 0,
         load_window_s: float = 60.0,
         pack: bool | None = None,
-        all_experts_path: bool | None = None,
+        all_experts_path: bool = True,
     ) -> "ExpertShard":
         """dtype: "auto" (the checkpoint's) or a torch dtype name; load_window_s: the stats' load window;
         pack, all_experts_path: see the constructor."""

@@ -1,7 +1,14 @@
 """`ShardStats`: tokens per (layer, expert) over a sliding window, requests, busy time and queue
-depth of one expert server; optionally mirrored into the server's Prometheus `ServiceMetrics`."""
+depth of one expert server; optionally mirrored into the server's Prometheus `ServiceMetrics`.
+
+Over the same window it also sums the work done (`WORK`): calls, (call, expert) pairs, rows, the
+seconds spent computing, the seconds with at least one call in service (from its arrival to its
+answer: decoding, computing, encoding, and any wait for the server's CPU budget) and the process's
+CPU seconds; and it says how many CPUs the process may use (`cpu_limit`). The control plane
+calibrates its cost model from these (`control_svc/cost_model.py`)."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -9,7 +16,9 @@ from typing import Sequence
 
 import torch
 
-from moemesh.telemetry import ExpertLoadCounter, ServiceMetrics
+from moemesh.telemetry import ExpertLoadCounter, ServiceMetrics, SlidingSums
+
+WORK = ("requests", "expert_calls", "rows", "busy_seconds", "service_seconds", "cpu_seconds")
 
 
 @dataclass(frozen=True)
@@ -19,6 +28,8 @@ class StatsSnapshot:
     busy_seconds: float  # since start or the last reset
     window_seconds: float
     queue_depth: int
+    work: dict[str, float]  # WORK sums over the window, and "seconds": the time they cover
+    cpu_limit: float | None = None  # CPUs the process may use (None: not limited)
 
 
 class ShardStats:
@@ -29,26 +40,48 @@ class ShardStats:
         window_s: float = 60.0,
         metrics: ServiceMetrics | None = None,
         clock=time.monotonic,
+        cpu_limit: float | None = None,
+        cpu_clock=time.process_time,
     ):
-        """layers: the model's MoE layer ids; window_s: the sliding load window the control plane reads."""
+        """layers: the model's MoE layer ids; window_s: the sliding load window the control plane reads;
+        cpu_limit: the CPUs this process may use (None: not limited)."""
         self.load = ExpertLoadCounter(list(layers), num_experts, window_s=window_s, clock=clock)
+        self.work = SlidingSums(WORK, window_s=window_s, clock=clock)
         self.metrics = metrics
+        self._clock = clock
         self._lock = threading.Lock()
         self._requests = 0
         self._busy = 0.0
         self._in_flight = 0
+        self._serving_since = 0.0  # when in_flight last rose from 0
+        self.cpu_limit = cpu_limit
+        self._cpu_clock = cpu_clock
+        self._cpu_seen = cpu_clock()  # process CPU time already added to the window
+        self._last_call = -math.inf  # when the last call arrived
+
+    def since_call(self) -> float:
+        """Seconds since the last call arrived (inf before the first)."""
+        return self._clock() - self._last_call
 
     def enter(self) -> None:
+        """A call arrived (decode, compute and answer follow)."""
         with self._lock:
+            self._last_call = self._clock()
+            if self._in_flight == 0:
+                self._serving_since = self._last_call
             self._in_flight += 1
             n = self._in_flight
         if self.metrics is not None:
             self.metrics.set_queue_depth(n)
 
     def leave(self) -> None:
+        """A call was answered."""
         with self._lock:
             self._in_flight -= 1
             n = self._in_flight
+            served = self._clock() - self._serving_since if n == 0 else 0.0
+        if served:
+            self.work.add(service_seconds=served)
         if self.metrics is not None:
             self.metrics.set_queue_depth(n)
 
@@ -60,13 +93,23 @@ class ShardStats:
         """One computed request: counts [G] int64 rows for expert_ids [G] int64 of `layer`, `seconds` of compute."""
         if expert_ids.numel():
             self.load.add_sparse(layer, expert_ids, counts)
+        self.work.add(requests=1, expert_calls=int((counts > 0).sum()), rows=int(counts.sum()), busy_seconds=seconds,
+                      cpu_seconds=self._cpu_since())
         with self._lock:
             self._requests += 1
             self._busy += seconds
         if self.metrics is not None:
             self.metrics.add_busy(seconds)
 
+    def _cpu_since(self) -> float:
+        """Process CPU seconds since the last call (what the window has not counted yet)."""
+        now = self._cpu_clock()
+        with self._lock:
+            used, self._cpu_seen = now - self._cpu_seen, now
+        return max(0.0, used)
+
     def snapshot(self, reset: bool = False) -> StatsSnapshot:
+        self.work.add(cpu_seconds=self._cpu_since())
         window = self.load.window()  # [L, E]
         tokens = {
             (layer, e): int(n)
@@ -75,7 +118,7 @@ class ShardStats:
             if n
         }
         with self._lock:
-            snap = StatsSnapshot(tokens, self._requests, self._busy, self.load.window_s, self._in_flight)
+            snap = StatsSnapshot(tokens, self._requests, self._busy, self.load.window_s, self._in_flight, self.work.window(), self.cpu_limit)
             if reset:
                 self._requests = 0
                 self._busy = 0.0

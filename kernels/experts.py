@@ -8,6 +8,7 @@ Shape legend:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -94,11 +95,61 @@ class ExpertWeights:
 
         return ExpertWeights(pick(self.gate_up), pick(self.down), pick(self.gate_up_bias), pick(self.down_bias), self.activation)
 
+    @staticmethod
+    def concat(parts: "list[ExpertWeights]", order: Tensor | None = None) -> "ExpertWeights":
+        """The experts of `parts` one after another along E (every part in one format, with the same
+        shapes per expert and the same activation); with `order` [E] (int64), expert i of the result
+        is expert order[i] of that concatenation, written straight into place (one copy)."""
+        if not parts or len({p.activation for p in parts}) != 1 or len({p.fmt for p in parts}) != 1:
+            raise ValueError("parts: need at least one, all of one format and activation")
+        total = sum(p.num_experts for p in parts)
+        src = torch.arange(total) if order is None else torch.as_tensor(order, dtype=torch.long)
+        if sorted(src.tolist()) != list(range(total)):
+            raise ValueError(f"order must be a permutation of the {total} experts, got {src.tolist()}")
+        dest = torch.empty_like(src).scatter_(0, src, torch.arange(total))  # where each concatenated expert goes
+        starts = [0]
+        for p in parts:
+            starts.append(starts[-1] + p.num_experts)
+        places = [dest[a:b] for a, b in zip(starts, starts[1:])]
+        return ExpertWeights(*(_cat([getattr(p, n) for p in parts], places, n) for n in ("gate_up", "down", "gate_up_bias", "down_bias")),
+                             activation=parts[0].activation)
+
     def to(self, device) -> "ExpertWeights":
         def move(t):
             return None if t is None else t.to(device)
 
         return ExpertWeights(move(self.gate_up), move(self.down), move(self.gate_up_bias), move(self.down_bias), self.activation)
+
+
+def _empty_in_layout(t: Tensor, num_experts: int) -> Tensor:
+    """An uninitialised tensor like `t` with `num_experts` along dim 0, its dims laid out in memory
+    in `t`'s order (a view of `ConcatenatedExperts` storage stays one, so adopting it copies nothing)."""
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))  # outermost dim first
+    base = t.new_empty([num_experts if d == 0 else t.shape[d] for d in order])
+    return base.permute([order.index(d) for d in range(t.dim())])
+
+
+def _cat(values: list, places: list[Tensor], name: str):
+    """Tensors (or quantized experts, whose tensor fields all lead with E): part i's experts
+    written to rows places[i] of one new tensor."""
+    if all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        raise ValueError(f"parts: {name} is set in some parts only")
+    if isinstance(values[0], Tensor):
+        out = _empty_in_layout(values[0], sum(len(p) for p in places))
+        for v, p in zip(values, places):
+            for src, row in enumerate(p.tolist()):  # slice copies: every dtype (index_copy_ has no float8)
+                out[row].copy_(v[src])
+        return out
+    fields = {}
+    for f in dataclasses.fields(values[0]):
+        vs = [getattr(v, f.name) for v in values]
+        if isinstance(vs[0], Tensor) or vs[0] is None:
+            fields[f.name] = _cat(vs, places, f"{name}.{f.name}")
+        elif any(v != vs[0] for v in vs):
+            raise ValueError(f"parts: {name}.{f.name} differs between parts ({vs})")
+    return dataclasses.replace(values[0], **fields)
 
 
 def dequantized(t, dtype: torch.dtype, experts: Tensor | None = None) -> Tensor:

@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 
 from moemesh.contracts.info import ModelInfo
 from moemesh.errors import MeshError, invalid
+from moemesh.rpc.generation import SERVICE_NAME  # the public API, named once beside its client (gateway, CLI)
 from moemesh.rpc.protos import load
 from moemesh.rpc.security import caller_identity
 from router_svc.router import Router
@@ -25,7 +26,6 @@ from router_svc.types import ChatTurn, Delta, GenerationInput, SamplingSpec, Too
 from router_svc.utf8 import find_bad_utf8
 from router_svc.wire_shape import WireLimits, check_wire_shape
 
-SERVICE_NAME = "moemesh.v1.Generation"
 pb, pb_grpc = load("generation")
 
 

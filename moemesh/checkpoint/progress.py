@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from tqdm import tqdm
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -16,3 +18,13 @@ def load_progress(total: int, desc: str, unit: str = "layer", delay_s: float = 1
         yield bar
     finally:
         bar.close()
+
+
+def load_layers(count: int, load: Callable[[int], T]) -> list[T]:
+    """[load(0), ..., load(count - 1)]: a model's decoder layers, with the progress bar."""
+    layers = []
+    with load_progress(count, "loading layers") as bar:
+        for layer in range(count):
+            layers.append(load(layer))
+            bar.update(1)
+    return layers

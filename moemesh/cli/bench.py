@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from moemesh.cli.up import add_mesh_arguments
+from moemesh.cli.up import RunMeshConfig, add_mesh_arguments, mesh_config
 
 
 def register(subparsers) -> None:
@@ -47,36 +47,39 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def bench(ns: argparse.Namespace, work) -> list:
-    from moemesh.cli.up import mesh_spec
     from moemesh.launcher.mesh import Mesh
     from router_svc.loadgen import run_engine, run_grpc
 
     results = []
-    model = ns.model
+    api_key = os.environ.get("MOEMESH_API_KEY", "")  # the router's API key, when it has one (as `moemesh generate` reads it)
     if ns.addr:
-        # the router's API key, when it has one, from the environment (as `moemesh generate` reads it)
-        results.append(asyncio.run(run_grpc(ns.addr, work, name=f"mesh {ns.addr}", api_key=os.environ.get("MOEMESH_API_KEY", ""))))
+        from moemesh.svc_config import from_sources
+
+        spec = from_sources(RunMeshConfig, None, ns).mesh  # --model and --experts-dtype only matter to --compare-engine
+        results.append(asyncio.run(run_grpc(ns.addr, work, name=f"mesh {ns.addr}", api_key=api_key)))
     else:
-        spec = mesh_spec(ns)
-        model = spec.model_dir
-        mesh = Mesh(spec, ns.log_dir)
+        cfg = mesh_config(ns)
+        spec = cfg.mesh
+        mesh = Mesh(spec, cfg.log_dir)
         try:
             router, _ = mesh.start()
             print(f"moemesh bench: mesh up (router={router}, {spec.expert_servers} expert servers, {spec.transport})", file=sys.stderr)
-            results.append(asyncio.run(run_grpc(router, work, name=f"mesh/{spec.transport}", api_key=os.environ.get("MOEMESH_API_KEY", ""))))
+            results.append(asyncio.run(run_grpc(router, work, name=f"mesh/{spec.transport}", api_key=api_key)))
         finally:
             mesh.stop()
     if ns.compare_engine:
-        if model is None:
+        if not spec.model_dir:
             raise ValueError("--compare-engine needs --model when benchmarking a running mesh (--addr)")
-        results.append(run_engine(in_process_engine(model, ns), work))
+        results.append(run_engine(in_process_engine(spec, ns.engine_micro_batches), work))
     return results
 
 
-def in_process_engine(model: str, ns: argparse.Namespace):
+def in_process_engine(spec, micro_batches: int):
+    """The engine the mesh is compared with: the mesh's model, expert format and all-experts switch."""
     from moemesh.engine import EngineConfig, LLMEngine
 
-    return LLMEngine(EngineConfig(model_dir=model, experts_dtype=ns.experts_dtype, micro_batches=ns.engine_micro_batches))
+    return LLMEngine(EngineConfig(model_dir=spec.model_dir, experts_dtype=spec.experts_dtype, micro_batches=micro_batches,
+                                  all_experts_path=spec.all_experts_path))
 
 
 def report(results: list, ns: argparse.Namespace) -> None:

@@ -4,9 +4,12 @@ CONTROL is the address `moemesh up` prints as `control=HOST:PORT`. Commands:
 
     status                         servers, attention replicas, load and balance
     placement                      which servers hold each (layer, expert)
-    rebalance [--force]            solve from the observed load; switch when worth it (or always)
-    set [--top-k K] [--capacity-factor C] [--layer L]
-                                   change routing knobs live (a new placement version carries them)
+    rebalance [--force] [--dry-run]
+                                   solve from the observed load; switch when the cost model predicts it
+                                   pays (or always); --dry-run prints the predicted gain and cost only
+    set [--top-k K] [--capacity-factor C] [--layer L] [--dry-run]
+                                   change routing knobs live (a new placement version carries them),
+                                   with the predicted effect on the step time
     drain SERVER_ID                move a server's experts away so it can leave
     undrain SERVER_ID              a draining server serves again (and gets experts back)
 
@@ -39,10 +42,12 @@ def register(subparsers) -> None:
     sub.add_parser("placement", parents=[json_flag], help="which servers hold each (layer, expert)")
     r = sub.add_parser("rebalance", parents=[json_flag], help="rebalance from the observed load")
     r.add_argument("--force", action="store_true", help="switch whenever the solver changes the placement")
+    r.add_argument("--dry-run", action="store_true", help="plan and price the rebalance, but do not switch")
     s = sub.add_parser("set", parents=[json_flag], help="change top-k and/or capacity factor live")
     s.add_argument("--top-k", type=int, default=None, metavar="K")
     s.add_argument("--capacity-factor", type=float, default=None, metavar="C", help=">0 capacity, 0 dropless, <0 dropless up to |C|")
     s.add_argument("--layer", type=int, default=None, metavar="L", help="one MoE layer (default: all)")
+    s.add_argument("--dry-run", action="store_true", help="predict the change's effect, but do not make it")
     d = sub.add_parser("drain", parents=[json_flag], help="move a server's experts away so it can leave")
     d.add_argument("server_id", metavar="SERVER_ID", help="e.g. expert-1 (see status)")
     u = sub.add_parser("undrain", parents=[json_flag], help="a draining server serves again and gets experts back")
@@ -90,9 +95,9 @@ def call(stub, pb, ns: argparse.Namespace):
     if ns.ctl_command == "placement":
         return stub.GetPlacement(pb.GetPlacementRequest(), timeout=t)
     if ns.ctl_command == "rebalance":
-        return stub.Rebalance(pb.RebalanceRequest(force=ns.force), timeout=t)
+        return stub.Rebalance(pb.RebalanceRequest(force=ns.force, dry_run=ns.dry_run), timeout=t)
     if ns.ctl_command == "set":
-        req = pb.SetKnobsRequest(top_k=ns.top_k, capacity_factor=ns.capacity_factor, layer=ns.layer)
+        req = pb.SetKnobsRequest(top_k=ns.top_k, capacity_factor=ns.capacity_factor, layer=ns.layer, dry_run=ns.dry_run)
         return stub.SetKnobs(req, timeout=t)
     if ns.ctl_command == "undrain":
         return stub.Undrain(pb.UndrainRequest(id=ns.server_id), timeout=t)
@@ -128,10 +133,27 @@ def render(command: str, resp) -> str:
         rows = [[layer, e, ",".join(copies)] for layer in p.layers for e, copies in enumerate(p.replicas[layer])]
         return f"placement v{p.version}  knobs: {knobs_from_proto(resp.knobs).describe()}\n" + table(["LAYER", "EXPERT", "SERVERS"], rows)
     if command == "rebalance":
-        head = f"switched to placement v{resp.placement_version}" if resp.switched else f"kept placement v{resp.placement_version}: {resp.reason}"
-        return f"{head}\nbalancedness {resp.balancedness_before:.3f} -> {resp.balancedness_after:.3f}, {resp.moves} expert copies moved"
+        if resp.dry_run:
+            head = f"dry run on placement v{resp.placement_version}: " + (resp.reason or "the plan would be switched in")
+        elif resp.switched:
+            head = f"switched to placement v{resp.placement_version}"
+        else:
+            head = f"kept placement v{resp.placement_version}: {resp.reason}"
+        lines = [head, f"balancedness {resp.balancedness_before:.3f} -> {resp.balancedness_after:.3f}, "
+                       f"{resp.moves} expert copies {'to load' if resp.dry_run or not resp.switched else 'loaded'}"]
+        if resp.predicted_gain:
+            bound = ", bound by a server's CPU budget" if resp.budget_bound else ""
+            lines.append(f"predicted step {resp.step_ms_before:.2f} ms -> {resp.step_ms_after:.2f} ms ({resp.predicted_gain:.3f}x{bound}), "
+                         f"switch cost {resp.bytes_to_load / 1e6:.1f} MB, {resp.switch_seconds:.2f} s of loading "
+                         f"({'calibrated from the expert servers' if resp.calibrated else 'priors: no server reports yet'})")
+        return "\n".join(lines)
     if command == "set":
-        return f"placement v{resp.placement_version} carries knobs: {knobs_from_proto(resp.knobs).describe()}"
+        verb = "would carry" if resp.dry_run else "carries"
+        line = f"placement v{resp.placement_version} {verb} knobs: {knobs_from_proto(resp.knobs).describe()}"
+        if resp.predicted_gain:
+            bound = ", bound by a server's CPU budget" if resp.budget_bound else ""
+            line += f"\npredicted step {resp.step_ms_before:.2f} ms -> {resp.step_ms_after:.2f} ms ({resp.predicted_gain:.3f}x{bound})"
+        return line
     if command == "undrain":
         return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'placed on it again' if resp.placing else 'not placed (nothing to place, or no placement yet)'}"
     return f"state {STATE_NAMES.get(resp.state, '?')}; experts {'moving away' if resp.moving else 'not moved (none held, or no room elsewhere)'}"

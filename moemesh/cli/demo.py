@@ -9,13 +9,12 @@ QUESTION = "What is the capital of France?"
 
 
 def register(subparsers) -> None:
+    from moemesh.cli.up import add_mesh_arguments
+
     p = subparsers.add_parser("demo", help="build the demo model, bring the mesh up, stream one answer, shut down")
     p.add_argument("--question", default=QUESTION, help="the user message to answer")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
-    p.add_argument("--expert-servers", type=int, default=2, metavar="N")
-    p.add_argument("--transport", choices=("grpc", "dist", "auto"), default="grpc",
-                   help="attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)")
-    p.add_argument("--model", default=None, metavar="DIR", help="model directory (default: the demo model, built if absent)")
+    add_mesh_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -26,21 +25,17 @@ def progress(message: str) -> None:
 def run(ns: argparse.Namespace) -> int:
     import grpc
 
-    from moemesh.cli.checks import check_at_least, check_model_dir
-    from moemesh.launcher.mesh import Mesh, MeshFailed, MeshSpec
+    from moemesh.cli.checks import check_at_least
+    from moemesh.cli.up import mesh_config
+    from moemesh.launcher.mesh import Mesh, MeshFailed
 
+    # a bad flag: one line naming it from moemesh.cli.main, status 2
     check_at_least("--max-new-tokens", ns.max_new_tokens, 1)
-    check_at_least("--expert-servers", ns.expert_servers, 1)
-    if ns.model is not None:
-        check_model_dir("--model", ns.model)
-    model = ns.model
-    if model is None:
-        from moemesh.demo_model import ensure_demo_model
-
+    if not getattr(ns, "model_dir", ""):
         progress("preparing the demo model (built once, then cached)")
-        model = str(ensure_demo_model(progress=progress))
-    mesh = Mesh(MeshSpec(model_dir=model, expert_servers=ns.expert_servers, transport=ns.transport))
-    progress(f"starting control, {ns.expert_servers} expert servers, attention and router (logs in {mesh.log_dir})")
+    cfg = mesh_config(ns, progress=progress)
+    mesh = Mesh(cfg.mesh, cfg.log_dir)
+    progress(f"starting control, {cfg.mesh.expert_servers} expert servers, attention and router (logs in {mesh.log_dir})")
     try:
         router, control = mesh.start()
         progress(f"serving router={router} control={control}")

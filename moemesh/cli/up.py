@@ -7,77 +7,80 @@ import argparse
 import signal
 import sys
 import threading
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
-from kernels.prepare import EXPERT_DTYPES
+from moemesh.launcher.mesh import MeshSpec
+
+# the mesh's public doors: `up` serves them, `demo` and `bench` start a mesh for one run without them
+PUBLIC_DOORS = ("port", "http_port", "api_key", "tls_cert", "tls_key", "tls_ca", "tls_server_name")
 
 
-def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags shared by `up`, `demo` and `bench --mesh`."""
-    p.add_argument("--model", default=None, metavar="DIR", help="Hugging Face model directory (default: the demo model)")
-    p.add_argument("--expert-servers", type=int, default=2, metavar="N")
-    p.add_argument("--attention-replicas", type=int, default=1, metavar="N")
-    p.add_argument("--experts-dtype", choices=EXPERT_DTYPES, default=None, help="expert weight format (default: as stored)")
-    p.add_argument("--transport", choices=("grpc", "dist", "auto"), default="grpc",
-                   help="attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)")
-    p.add_argument("--attention-threads", type=int, default=0, metavar="N", help="torch threads per attention replica (0 = default)")
-    p.add_argument("--start-timeout", type=float, default=600.0, metavar="S", help="how long each service may take to start")
-    p.add_argument("--log-dir", default=None, metavar="DIR", help="where the services' logs go (default: a temp dir)")
-    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="attention replicas do not reuse the KV blocks of earlier prompts' shared prefixes")
-    p.add_argument("--max-num-batched-tokens", type=int, default=0, metavar="N",
-                   help="tokens per attention step: decodes first, then prompt chunks (0 = the replicas' default); "
-                        "smaller keeps streams flowing while long prompts prefill")
+def mesh_field(omit: tuple[str, ...] = ()):
+    """A command's `MeshSpec`: each field a flag under its own name (`--model` and `--start-timeout`
+    for model_dir and start_timeout_s), no --model meaning the demo model; `omit` gets no flag."""
+    return field(metadata={"omit": ("host", "grace_s", *omit), "defaults": {"model_dir": ""},
+                           "flags": {"model_dir": "--model", "start_timeout_s": "--start-timeout"}})
+
+
+def log_dir_field():
+    return field(default=None, metadata={"help": "where the services' logs and the mesh token go; unset = a new temporary directory",
+                                         "metavar": "DIR"})
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    """`moemesh up`'s flags: the mesh, and where its logs go."""
+
+    mesh: MeshSpec = mesh_field()
+    log_dir: str | None = log_dir_field()
+
+
+@dataclass(frozen=True)
+class RunMeshConfig:
+    """The mesh flags of `moemesh demo` and `moemesh bench`: a mesh for one run, without public doors."""
+
+    mesh: MeshSpec = mesh_field(PUBLIC_DOORS)
+    log_dir: str | None = log_dir_field()
+
+
+def add_mesh_arguments(p: argparse.ArgumentParser, cls: type = RunMeshConfig) -> None:
+    """The flags of `cls` (UpConfig or RunMeshConfig), derived from its fields."""
+    from moemesh.svc_config import add_arguments
+
+    add_arguments(p, cls, None)
+
+
+def mesh_config(ns: argparse.Namespace, cls: type = RunMeshConfig, progress: Callable[[str], None] | None = None):
+    """The parsed flags as `cls`, the demo model (built if absent) standing in for an empty --model.
+    Raises ValueError naming the flag on a bad value (one line from moemesh.cli.main, status 2)."""
+    from moemesh.cli.checks import check_at_least, check_model_dir, check_timeout
+    from moemesh.svc_config import from_sources
+
+    cfg = from_sources(cls, None, ns)
+    check_at_least("--attention-threads", cfg.mesh.attention_threads, 0)
+    check_timeout("--start-timeout", cfg.mesh.start_timeout_s)
+    if cfg.mesh.model_dir:
+        check_model_dir("--model", cfg.mesh.model_dir)
+        return cfg
+    from moemesh.demo_model import ensure_demo_model
+
+    model = ensure_demo_model(progress=progress) if progress is not None else ensure_demo_model()
+    return replace(cfg, mesh=replace(cfg.mesh, model_dir=str(model)))
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("up", help="start the whole mesh on this machine (control, experts, attention, router)")
-    add_mesh_arguments(p)
-    p.add_argument("--port", type=int, default=0, metavar="P", help="the router's port (0 = any free port)")
-    p.add_argument("--http-port", type=int, default=None, metavar="P",
-                   help="also start the HTTP gateway (OpenAI/Anthropic APIs, chat page) on this port (0 = any free port)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="the public API key: clients of the router (`authorization: Bearer KEY`) and of the gateway "
-                        "(`Authorization: Bearer KEY` or `x-api-key: KEY`) must send it (default: MOEMESH_API_KEY, else none)")
-    for name, what in (("cert", "PEM certificate every service presents"), ("key", "its PEM private key"),
-                       ("ca", "PEM CA the services' certificates chain to")):
-        p.add_argument(f"--tls-{name}", default=None, metavar="FILE", help=f"with --tls-cert/--tls-key/--tls-ca, mTLS between all services: {what}")
-    p.add_argument("--tls-server-name", default=None, metavar="NAME", help="name the certificate carries when it is not the host dialed")
+    add_mesh_arguments(p, UpConfig)
     p.set_defaults(func=run)
-
-
-def mesh_spec(ns: argparse.Namespace, port: int = 0, http_port: int | None = None):
-    """The mesh the flags describe; ValueError naming the flag when one is bad."""
-    from moemesh.cli.checks import check_at_least, check_model_dir, check_timeout
-    from moemesh.launcher.mesh import MeshSpec
-
-    check_at_least("--attention-threads", ns.attention_threads, 0)
-    check_timeout("--start-timeout", ns.start_timeout)
-    model = ns.model
-    if model is None:
-        from moemesh.demo_model import ensure_demo_model
-
-        model = str(ensure_demo_model())
-    check_model_dir("--model", model)
-    return MeshSpec(
-        model_dir=model, expert_servers=ns.expert_servers, attention_replicas=ns.attention_replicas,
-        experts_dtype=ns.experts_dtype, transport=ns.transport, port=port,
-        start_timeout_s=ns.start_timeout, attention_threads=ns.attention_threads,
-        prefix_cache=ns.prefix_cache, max_num_batched_tokens=ns.max_num_batched_tokens, http_port=http_port,
-        **security_fields(ns),
-    )
-
-
-def security_fields(ns: argparse.Namespace) -> dict:
-    """`up`'s API key and TLS flags as MeshSpec fields (absent for commands without them)."""
-    names = ("api_key", "tls_cert", "tls_key", "tls_ca", "tls_server_name")
-    return {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
 
 
 def run(ns: argparse.Namespace) -> int:
     from moemesh.launcher.mesh import Mesh, MeshFailed
 
     # a bad flag: one line naming it from moemesh.cli.main, status 2
-    mesh = Mesh(mesh_spec(ns, ns.port, ns.http_port), ns.log_dir)
+    cfg = mesh_config(ns, UpConfig)
+    mesh = Mesh(cfg.mesh, cfg.log_dir)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -38,6 +38,9 @@ class EngineConfig:
         "help": "also hold a oneDNN-packed copy of the experts for steps that route every token to every expert (CPU: "
                 "bfloat16, or float32 with >= 2 threads); unset = when the model's own top-k is its number of experts and "
                 "the copy takes at most a quarter of the memory available at load (moe.layer_experts.pack_by_default)"})
+    all_experts_path: bool = field(default=True, metadata={
+        "help": "steps that route every token to every expert (top-k = the number of experts) run the experts side "
+                "by side as two matmuls (moe.layer_experts); off, every step runs kernels.moe_mlp"})
     device: str = field(default="cpu", metadata={"help": "where weights, KV cache and steps live: cpu, cuda (the current CUDA device) or cuda:N"})
     prefix_cache: bool = field(default=True, metadata={
         "help": "keep computed full KV blocks keyed by their token prefix and reuse them for later requests that start "

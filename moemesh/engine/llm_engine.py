@@ -48,7 +48,8 @@ class LLMEngine:
         if config.moe_top_k is not None and config.moe_top_k > cfg.num_experts:
             raise ValueError(f"moe_top_k must be <= num_experts ({cfg.num_experts}), got {config.moe_top_k}")
         self.model, self.experts = build_model(
-            cfg, reader, self.dtype, self.device, config.experts_dtype, expert_compute, config.pack_experts
+            cfg, reader, self.dtype, self.device, config.experts_dtype, expert_compute, config.pack_experts,
+            config.all_experts_path,
         )
         self.max_model_len = min(cfg.max_position_embeddings, config.max_model_len or cfg.max_position_embeddings)
         kv_tokens = min(config.kv_cache_tokens, config.max_num_seqs * self.max_model_len)
@@ -276,6 +277,7 @@ class LLMEngine:
 def build_model(
     cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, device: torch.device,
     experts_dtype: str | None = None, expert_compute: ExpertCompute | None = None, pack_experts: bool | None = None,
+    all_experts_path: bool = True,
 ) -> tuple[object, ExpertCompute]:
     """The model (and, without `expert_compute`, its in-process experts) with every weight and table on
     `device`: checkpoint tensors are moved there as they are read, factory calls allocate there."""
@@ -283,7 +285,7 @@ def build_model(
         reader = DeviceReader(reader, device)
     with torch.inference_mode(), on_device(device):
         model = get_architecture(cfg.architecture).model_class(cfg, reader, dtype)
-        experts = expert_compute or LocalExperts.from_checkpoint(reader, cfg, dtype, experts_dtype, pack_experts)
+        experts = expert_compute or LocalExperts.from_checkpoint(reader, cfg, dtype, experts_dtype, pack_experts, all_experts_path)
     return model, experts
 
 

@@ -8,6 +8,10 @@
                `RestartPolicy` is reported failed while the rest go on serving
     stop:      SIGTERM all (router first, so streams drain), then SIGKILL what is left
 
+CPU budgets: with `MeshSpec.expert_cpu_quota`, each expert server runs under a budget of its own
+(`moemesh.launcher.cpu_budget`: a cgroup with a CPU quota, else pinned cores, else none, said so on
+stderr) with as many torch threads as whole cores fit in it; the cgroups are removed at stop.
+
 The mesh token: the one the environment gives (`MOEMESH_MESH_TOKEN`), else a new random one, is
 written to `mesh-token` in the log directory (mode 0600) and every child gets that file's path
 (`--mesh-token-file`), never the token itself on its command line. `moemesh ctl` takes the same file.
@@ -26,34 +30,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from kernels.prepare import EXPERT_DTYPES
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.security import SecurityConfig
 
 from moemesh.launcher.child import Child, stop_all
+from moemesh.launcher.cpu_budget import CpuBudgets, check_cores
 from moemesh.launcher.health import ChildExited, wait_http_ok, wait_serving
 from moemesh.launcher.ports import free_port
 
 
+TRANSPORTS = ("grpc", "dist", "auto")
+
+
 @dataclass(frozen=True)
 class MeshSpec:
-    model_dir: str
-    expert_servers: int = 2
-    attention_replicas: int = 1
-    experts_dtype: str | None = None
-    transport: str = "grpc"
+    """The whole mesh on this machine. `moemesh up`, `demo` and `bench` derive their mesh flags from
+    these fields (`moemesh/cli/up.py`, through `moemesh.svc_config`); a field without metadata is the
+    launcher's own (no flag)."""
+
+    model_dir: str = field(metadata={"help": "Hugging Face model directory; empty = the demo model (built once, then cached)", "metavar": "DIR"})
+    expert_servers: int = field(default=2, metadata={"help": "expert server processes", "metavar": "N"})
+    attention_replicas: int = field(default=1, metadata={"help": "attention replica processes", "metavar": "N"})
+    experts_dtype: str | None = field(default=None, metadata={"help": "expert weight format; unset = as stored", "choices": EXPERT_DTYPES})
+    transport: str = field(default="grpc", metadata={
+        "help": "attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)", "choices": TRANSPORTS})
     host: str = "127.0.0.1"
-    port: int = 0  # the router's; 0 = any free port
-    start_timeout_s: float = 300.0
+    port: int = field(default=0, metadata={"help": "the router's port (0 = any free port)", "metavar": "P"})
+    start_timeout_s: float = field(default=600.0, metadata={"help": "how long each service may take to start", "metavar": "S"})
     grace_s: float = 10.0
-    attention_threads: int = 0  # 0 = this machine's cores split evenly over the compute processes
-    http_port: int | None = None  # the HTTP gateway's; None = no gateway, 0 = any free port
-    prefix_cache: bool = True  # attention replicas reuse cached prompt prefixes
-    max_num_batched_tokens: int = 0  # attention replicas' token budget per step; 0 = their default
-    api_key: str = ""  # the router's and the gateway's API key (empty = the environment's MOEMESH_API_KEY, or none)
-    tls_cert: str | None = None  # with tls_key and tls_ca: every service serves mTLS with them
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    tls_server_name: str | None = None
+    attention_threads: int = field(default=0, metadata={
+        "help": "torch threads per attention replica (0 = this machine's cores split evenly over the compute processes)", "metavar": "N"})
+    http_port: int | None = field(default=None, metadata={
+        "help": "also start the HTTP gateway (OpenAI/Anthropic APIs, chat page) on this port (0 = any free port; unset = no gateway)",
+        "metavar": "P"})
+    prefix_cache: bool = field(default=True, metadata={
+        "help": "attention replicas reuse the KV blocks of earlier prompts' shared prefixes"})
+    max_num_batched_tokens: int = field(default=0, metadata={
+        "help": "tokens per attention step: decodes first, then prompt chunks (0 = the replicas' default); smaller keeps "
+                "streams flowing while long prompts prefill", "metavar": "N"})
+    all_experts_path: bool = field(default=True, metadata={
+        "help": "for a model whose top-k is its number of experts, expert servers run calls that send every token to "
+                "every expert held as two matmuls over those experts side by side; off, every call runs kernels.moe_mlp"})
+    api_key: str = field(default="", metadata={
+        "help": "the public API key: clients of the router (`authorization: Bearer KEY`) and of the gateway "
+                "(`Authorization: Bearer KEY` or `x-api-key: KEY`) must send it (empty = none)",
+        "env": "MOEMESH_API_KEY", "metavar": "KEY"})
+    tls_cert: str | None = field(default=None, metadata={
+        "help": "with --tls-key and --tls-ca, mTLS between all services: the PEM certificate every service presents", "metavar": "FILE"})
+    tls_key: str | None = field(default=None, metadata={"help": "the certificate's PEM private key (mTLS)", "metavar": "FILE"})
+    tls_ca: str | None = field(default=None, metadata={"help": "the PEM CA the services' certificates chain to (mTLS)", "metavar": "FILE"})
+    tls_server_name: str | None = field(default=None, metadata={
+        "help": "the name the certificate carries when it is not the host dialed", "metavar": "NAME"})
+    expert_cpu_quota: float = field(default=0.0, metadata={
+        "help": "each expert server gets CORES CPUs of its own, as on separate machines: a cgroup with a CPU quota "
+                "(cgroup v2 cpu.max or v1 cfs quota, needs write access to /sys/fs/cgroup), else pinned cores; "
+                "its torch threads match (0 = no budget: every server may use every core)", "metavar": "CORES"})
 
     def threads_per_process(self) -> int:
         """torch threads for each expert server and attention replica: every process on this machine
@@ -66,14 +98,18 @@ class MeshSpec:
             raise ValueError(f"expert_servers must be >= 1, got {self.expert_servers}")
         if self.attention_replicas < 1:
             raise ValueError(f"attention_replicas must be >= 1, got {self.attention_replicas}")
-        if self.transport not in ("grpc", "dist", "auto"):
-            raise ValueError(f"transport must be grpc, dist or auto, got {self.transport!r}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.experts_dtype is not None and self.experts_dtype not in EXPERT_DTYPES:
+            raise ValueError(f"experts_dtype must be one of {EXPERT_DTYPES} (or unset), got {self.experts_dtype!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
         if self.max_num_batched_tokens < 0:
             raise ValueError(f"max_num_batched_tokens must be >= 0 (0 = the replicas' default), got {self.max_num_batched_tokens}")
+        if self.expert_cpu_quota:
+            check_cores(self.expert_cpu_quota, "expert_cpu_quota")
         self.tls()  # validates the certificate files
 
     def tls(self) -> SecurityConfig:
@@ -153,12 +189,13 @@ class Mesh:
             self.env["MOEMESH_API_KEY"] = spec.api_key
         self._argv: dict[str, list[str]] = {}  # child name -> its command line (a restart reuses it, port included)
         self._restarts: dict[str, _Restarts] = {}
+        self.budgets: CpuBudgets | None = None  # the expert servers' CPU budgets (spec.expert_cpu_quota)
 
-    def _spawn(self, name: str, service: str, flags: dict[str, object]) -> str:
+    def _spawn(self, name: str, service: str, flags: dict[str, object], wrap: Callable[[list[str]], list[str]] = list) -> str:
         s = self.spec
         port = flags.pop("port", None) or free_port(s.host)
         address = f"{s.host}:{port}"
-        argv = serve_argv(service, {"host": s.host, "port": port, **flags, **self.security_flags})
+        argv = wrap(serve_argv(service, {"host": s.host, "port": port, **flags, **self.security_flags}))
         child = Child(name, argv, self.log_dir / f"{name}.log", env=self.env)
         self._argv[name] = argv
         self.children.append(child)
@@ -173,20 +210,14 @@ class Mesh:
                 last = child.log_tail(1).strip() or "no output"
                 raise MeshFailed(f"{child.name} did not start ({exc}): {last} (log: {child.log_path})") from exc
 
-    def start(self) -> tuple[str, str]:
-        """Starts every service; returns (router, control) addresses. On failure stops what started."""
+    def start(self, report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> tuple[str, str]:
+        """Starts every service; returns (router, control) addresses. On failure stops what started.
+        `report` gets the CPU budget lines (with `expert_cpu_quota`)."""
         s = self.spec
         try:
             self.control_addr = self._spawn("control", "control", {"model_dir": s.model_dir, "expected_expert_servers": s.expert_servers})
             self._wait([self.control_addr])
-            experts = [
-                self._spawn(f"expert-{i}", "expert", {
-                    "model_dir": s.model_dir, "control_addr": self.control_addr,
-                    "experts_dtype": s.experts_dtype, "transport": "grpc" if s.transport == "grpc" else "auto",
-                    "num_threads": s.threads_per_process(),
-                })
-                for i in range(s.expert_servers)
-            ]
+            experts = [self._spawn_expert(i, report) for i in range(s.expert_servers)]
             self._wait(experts)
             attention = [
                 self._spawn(f"attention-{i}", "attention", {
@@ -209,6 +240,27 @@ class Mesh:
             self.stop()
             raise
         return self.router_addr, self.control_addr
+
+    def _spawn_expert(self, i: int, report: Callable[[str], None]) -> str:
+        s = self.spec
+        name = f"expert-{i}"
+        flags = {
+            "model_dir": s.model_dir, "control_addr": self.control_addr,
+            "experts_dtype": s.experts_dtype, "transport": "grpc" if s.transport == "grpc" else "auto",
+            "num_threads": s.threads_per_process(),
+            "all_experts_path": None if s.all_experts_path else False,  # passed only to turn it off
+        }
+        if not s.expert_cpu_quota:
+            return self._spawn(name, "expert", flags)
+        if self.budgets is None:
+            self.budgets = CpuBudgets.detect()
+            report(f"moemesh up: cpu budget per expert server: {self.budgets.describe()}")
+        slot = self.budgets.slot(name, s.expert_cpu_quota)
+        report(f"moemesh up: {slot.describe()}")
+        if self.budgets.mode == "affinity" and self.budgets.shared_cores():
+            report(f"moemesh up: {name} shares its cores with another expert server (more budgets than cores)")
+        flags["num_threads"] = slot.threads or flags["num_threads"]
+        return self._spawn(name, "expert", flags, wrap=slot.wrap)
 
     def _start_gateway(self) -> None:
         """The HTTP gateway in front of the router; waits until its /health answers 200. The API key
@@ -262,5 +314,8 @@ class Mesh:
                 report(f"moemesh up: restarted {child.name} (pid {self.children[i].pid})")
 
     def stop(self) -> None:
-        """Router first (its streams drain), then the rest; no child outlives this call."""
+        """Router first (its streams drain), then the rest; no child outlives this call. Then the
+        CPU budgets' cgroups go."""
         stop_all(list(reversed(self.children)), self.spec.grace_s)
+        if self.budgets is not None:
+            self.budgets.close()

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from moemesh.checkpoint import CheckpointReader
 from moemesh.checkpoint.fp8_dequant import weights_reader
-from moemesh.checkpoint.progress import load_progress
+from moemesh.checkpoint.progress import load_layers
 from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
@@ -64,16 +64,12 @@ class MoeDecoderLM:
         reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         h, v = cfg.hidden_size, cfg.vocab_size
         embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
-        self.layers: list[DecoderLayer] = []
-        with load_progress(cfg.num_layers, "loading layers") as bar:
-            for layer in range(cfg.num_layers):
-                self.layers.append(self._load_layer(reader, layer))
-                bar.update(1)
+        self.layers: list[DecoderLayer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
         if cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
             # Tied: the LM head is the step's largest matrix (the demo's 49152 x 576 is a fifth of its
-            # weights); where a oneDNN-packed copy applies it is 1.2x (1 row) to 2x (16 rows) faster,
-            # worth a second copy. Else one copy serves both, in the matmul layout.
+            # weights); where a oneDNN-packed copy applies it is faster from 1 to 16 rows, worth a
+            # second copy. Else one copy serves both, in the matmul layout.
             packed = packed_for_linear(embed) if embed.device.type == "cpu" else None
             if packed is not None:
                 self.embed, self.lm_head = embed, packed

@@ -74,7 +74,7 @@ def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
       runs 2 or more intra-op threads (only `linear` can use a packed tensor, so pack=False where the
       tensor is also indexed);
     - otherwise float32 is held [in, out] contiguous (returned as its [out, in] transposed view), since
-      MKL's single-threaded float32 path reads it about 1.4x faster at one or a few rows (decode);
+      MKL's single-threaded float32 path reads that layout faster at one or a few rows (decode);
     - anything else is returned as is."""
     if w.device.type != "cpu" or w.dim() != 2:
         return w
@@ -90,10 +90,10 @@ def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
 
 def packed_for_linear(w: Tensor) -> Tensor | None:
     """w [out, in] on the CPU -> a oneDNN-packed copy for `linear`; None where that does not pay.
-    Measured on this project's 2-core AVX-512 machines, against the best plain layout, streaming the
-    demo model's matrices from memory: bfloat16 about 1.5x faster at 1-16 rows; float32 1.1-1.5x at
-    one row and 1.5-2x at 16 rows with 2 threads (MKL does not spread these sizes over both cores),
-    but slower than [in, out] with one thread, so float32 packs only when torch runs >= 2 threads."""
+    bfloat16 always packs (oneDNN's blocked layout reads faster than any plain one at 1-16 rows);
+    float32 packs only when torch runs >= 2 threads: oneDNN spreads these matrix sizes over both
+    cores and MKL does not, while with one thread MKL's [in, out] layout is the faster one
+    (figures: docs/benchmarks.md)."""
     if w.dim() != 2 or not packing_applies(w.dtype, w.device):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)

@@ -8,7 +8,8 @@ receive rows, E experts held, H hidden.
 A call runs `kernels.moe_mlp` (gather, routed MLP, weighted combine). One case takes another path:
 when the rows send every token to every held expert (a model whose top-k equals its number of
 experts), dense experts run side by side as two plain matmuls (`ConcatenatedExperts`). That path is
-optional (`all_experts_path`), so whether it still pays next to `moe_mlp` can be measured.
+optional (`all_experts_path`: `EngineConfig.all_experts_path`, the expert server's config field), so
+whether it still pays next to `moe_mlp` can be measured.
 """
 from __future__ import annotations
 

@@ -28,17 +28,17 @@ class LocalExperts:
     @classmethod
     def from_checkpoint(
         cls, reader: CheckpointReader, cfg: ModelConfig, dtype: torch.dtype, experts_dtype: str | None = None,
-        pack: bool | None = None, all_experts_path: bool | None = None,
+        pack: bool | None = None, all_experts_path: bool = True,
     ) -> "LocalExperts":
         """Every MoE layer's experts from the checkpoint.
         pack: also hold a oneDNN-packed copy of the concatenated experts for calls that route every
         token to every expert (CPU: bfloat16, or float32 with >= 2 torch threads; a second copy of the
         weights); None = auto (`pack_by_default`: only when the model's own top-k is its number of
         experts). all_experts_path: False runs every call through `kernels.moe_mlp` (see `LayerExperts`);
-        None = auto (`all_experts_path_by_default`: only when the model's own top-k is its number of experts)."""
+        True holds the all-experts layout where it applies (`all_experts_path_by_default`: the model's
+        own top-k is its number of experts)."""
         experts = list(range(cfg.num_experts))
-        if all_experts_path is None:
-            all_experts_path = all_experts_path_by_default(cfg.top_k, cfg.num_experts)
+        all_experts_path = all_experts_path and all_experts_path_by_default(cfg.top_k, cfg.num_experts)
         layers = {}
         with load_progress(len(cfg.moe_layers), "loading experts") as bar:
             for layer in cfg.moe_layers:

@@ -7,6 +7,8 @@ API for the services (construct one of each per service instance; no globals):
   (CPU int64 counts), `add_all(counts[L,E])`,
   `window() -> [L,E]` tokens in the last `window_s` s (load reports to the control plane, solver
   input), `totals() -> [L,E]` since start.
+- `SlidingSums(names, window_s=60, buckets=12)`: `add(name=value, ...)`, `window() -> {name: sum,
+  "seconds": covered}` (an expert server's calls, rows and busy time over its load window).
 - `GpuTelemetry(device_index)` or `GpuTelemetry.for_device("cuda:0" | "cpu")` (maps the CUDA
   ordinal through `CUDA_VISIBLE_DEVICES` to the NVML device, index or UUID):
   `read() -> GpuSample(available, name, utilization, memory_used_bytes, memory_total_bytes,
@@ -21,5 +23,6 @@ from moemesh.telemetry.exporter import MetricsServer
 from moemesh.telemetry.gpu import GpuSample, GpuTelemetry
 from moemesh.telemetry.load_counter import ExpertLoadCounter
 from moemesh.telemetry.metrics import ServiceMetrics
+from moemesh.telemetry.sliding_sums import SlidingSums
 
-__all__ = ["ExpertLoadCounter", "GpuSample", "GpuTelemetry", "MetricsServer", "ServiceMetrics"]
+__all__ = ["ExpertLoadCounter", "GpuSample", "GpuTelemetry", "MetricsServer", "ServiceMetrics", "SlidingSums"]

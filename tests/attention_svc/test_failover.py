@@ -13,11 +13,11 @@ from control_svc.placement import initial_placement as round_robin_placement
 from moemesh.contracts.placement import Placement
 from moemesh.errors import MeshError
 from tests.attention_svc.test_remote_experts import ShardTransport, peers
-from tests.expert_svc.fixtures import all_weights, moe_dir, plan_expected, routed_plan  # noqa: F401
+from tests.fixtures.expert_servers import all_weights, plan_expected, routed_plan  # noqa: F401
 
 
-def setup(moe_dir, timeout_s):
-    cfg, weights = all_weights(moe_dir)
+def setup(tiny_model_dir, timeout_s):
+    cfg, weights = all_weights(tiny_model_dir)
     p1 = round_robin_placement(cfg.moe_layers, 8, [("good", 0), ("bad", 0)], version=1)
     reports = []
     experts = RemoteExperts(
@@ -28,8 +28,8 @@ def setup(moe_dir, timeout_s):
 
 
 @pytest.mark.parametrize("top_k", [2, 8])  # sparse, and every token to every expert
-def test_failed_layer_is_retried_on_the_placement_without_the_dead_server(moe_dir, top_k):
-    cfg, weights, experts, reports = setup(moe_dir, timeout_s=10)
+def test_failed_layer_is_retried_on_the_placement_without_the_dead_server(tiny_model_dir, top_k):
+    cfg, weights, experts, reports = setup(tiny_model_dir, timeout_s=10)
     x, plan = routed_plan(10, top_k=top_k)
     fut = experts.submit(1, x, plan)
     time.sleep(0.1)
@@ -41,8 +41,8 @@ def test_failed_layer_is_retried_on_the_placement_without_the_dead_server(moe_di
     experts.close()
 
 
-def test_no_placement_without_the_server_ends_in_unavailable_within_the_timeout(moe_dir):
-    cfg, _, experts, reports = setup(moe_dir, timeout_s=0.5)
+def test_no_placement_without_the_server_ends_in_unavailable_within_the_timeout(tiny_model_dir):
+    cfg, _, experts, reports = setup(tiny_model_dir, timeout_s=0.5)
     x, plan = routed_plan(10, top_k=8)
     # a newer placement that still names the dead server does not count
     experts.set_placement(round_robin_placement(cfg.moe_layers, 8, [("bad", 0)], version=2), peers(["bad"]))
@@ -54,8 +54,8 @@ def test_no_placement_without_the_server_ends_in_unavailable_within_the_timeout(
     experts.close()
 
 
-def test_without_a_failover_timeout_the_failure_surfaces_at_once(moe_dir):
-    _, _, experts, reports = setup(moe_dir, timeout_s=0)
+def test_without_a_failover_timeout_the_failure_surfaces_at_once(tiny_model_dir):
+    _, _, experts, reports = setup(tiny_model_dir, timeout_s=0)
     x, plan = routed_plan(4, top_k=8)
     with pytest.raises(MeshError, match="gone"):
         experts.submit(0, x, plan).result(5)
@@ -63,8 +63,8 @@ def test_without_a_failover_timeout_the_failure_surfaces_at_once(moe_dir):
     experts.close()
 
 
-def test_bad_requests_are_not_retried(moe_dir):
-    _, weights, experts, reports = setup(moe_dir, timeout_s=10)
+def test_bad_requests_are_not_retried(tiny_model_dir):
+    _, weights, experts, reports = setup(tiny_model_dir, timeout_s=10)
 
     class Refusing(ShardTransport):
         def forward(self, req):
@@ -90,8 +90,8 @@ class Hanging(ShardTransport):
         return Future()
 
 
-def hanging_setup(moe_dir):
-    cfg, weights = all_weights(moe_dir)
+def hanging_setup(tiny_model_dir):
+    cfg, weights = all_weights(tiny_model_dir)
     # every expert on both servers: a placement without "bad" needs nothing loaded
     p1 = Placement(1, {layer: (("good", "bad"),) * 8 for layer in cfg.moe_layers})
     opened, reports = {}, []
@@ -105,8 +105,8 @@ def hanging_setup(moe_dir):
     return cfg, weights, experts, opened, reports
 
 
-def test_calls_waiting_on_a_server_declared_dead_fail_over_at_once(moe_dir):
-    cfg, weights, experts, opened, reports = hanging_setup(moe_dir)
+def test_calls_waiting_on_a_server_declared_dead_fail_over_at_once(tiny_model_dir):
+    cfg, weights, experts, opened, reports = hanging_setup(tiny_model_dir)
     x, plan = routed_plan(10, top_k=8)  # every token to every expert: each call uses one copy per expert, rotating
     futs = [experts.submit(layer, x, plan) for layer in cfg.moe_layers]
     time.sleep(0.1)
@@ -128,8 +128,8 @@ def test_calls_waiting_on_a_server_declared_dead_fail_over_at_once(moe_dir):
     experts.close()
 
 
-def test_adopting_a_placement_without_a_server_fails_over_its_waiting_calls(moe_dir):
-    cfg, weights, experts, opened, _ = hanging_setup(moe_dir)
+def test_adopting_a_placement_without_a_server_fails_over_its_waiting_calls(tiny_model_dir):
+    cfg, weights, experts, opened, _ = hanging_setup(tiny_model_dir)
     x, plan = routed_plan(10, top_k=2)
     fut = experts.submit(0, x, plan)
     time.sleep(0.1)
@@ -140,8 +140,8 @@ def test_adopting_a_placement_without_a_server_fails_over_its_waiting_calls(moe_
     experts.close()
 
 
-def test_a_server_declared_dead_and_placed_again_gets_a_new_transport(moe_dir):
-    cfg, weights, experts, opened, _ = hanging_setup(moe_dir)
+def test_a_server_declared_dead_and_placed_again_gets_a_new_transport(tiny_model_dir):
+    cfg, weights, experts, opened, _ = hanging_setup(tiny_model_dir)
     first_bad = opened["bad"]
     experts.set_placement(Placement(2, {layer: (("good",),) * 8 for layer in cfg.moe_layers}), peers(["good"]))
     experts.servers_dead(["bad"], "declared dead", 2)
@@ -154,11 +154,11 @@ def test_a_server_declared_dead_and_placed_again_gets_a_new_transport(moe_dir):
     experts.close()
 
 
-def test_news_of_a_death_before_the_placement_without_the_server_fails_its_calls_over_at_once(moe_dir):
+def test_news_of_a_death_before_the_placement_without_the_server_fails_its_calls_over_at_once(tiny_model_dir):
     """The control plane tells replicas at once, with the placement still in force (v1, which names the
     server): waiting calls leave the hung server now and take the placement without it when it comes;
     re-adopting v1 meanwhile does not bring the server back."""
-    cfg, weights, experts, opened, reports = hanging_setup(moe_dir)
+    cfg, weights, experts, opened, reports = hanging_setup(tiny_model_dir)
     x, plan = routed_plan(10, top_k=8)
     futs = [experts.submit(layer, x, plan) for layer in cfg.moe_layers]
     time.sleep(0.1)

@@ -27,8 +27,8 @@ from moemesh.transport.dist_link import host_id
 from moemesh.transport.dist_transport import DistTransport, open_transport
 from moemesh.transport.grpc_transport import GrpcTransport
 from tests.fixtures.auth import TEST_RPC, token_env
-from tests.expert_svc.fixtures import (  # noqa: F401
-    all_weights, expected, loop, moe_dir, plan_expected, routed_plan, routed_request, running_expert_servers,
+from tests.fixtures.expert_servers import (  # noqa: F401
+    all_weights, expected, loop, plan_expected, routed_plan, routed_request, running_expert_servers,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,8 +131,8 @@ def peers(ids):
     return {s: ServerInfo(s, f"127.0.0.1:{i + 1}") for i, s in enumerate(ids)}
 
 
-def test_remote_equals_moe_mlp_and_each_server_gets_its_tokens_once(moe_dir):
-    cfg, weights = all_weights(moe_dir)
+def test_remote_equals_moe_mlp_and_each_server_gets_its_tokens_once(tiny_model_dir):
+    cfg, weights = all_weights(tiny_model_dir)
     opened = {}
 
     def transport_for(peer):
@@ -150,8 +150,8 @@ def test_remote_equals_moe_mlp_and_each_server_gets_its_tokens_once(moe_dir):
         assert sorted(set(req.token_idx.tolist())) == list(range(tokens))
 
 
-def test_placement_is_adopted_at_step_boundaries_only(moe_dir):
-    cfg, weights = all_weights(moe_dir)
+def test_placement_is_adopted_at_step_boundaries_only(tiny_model_dir):
+    cfg, weights = all_weights(tiny_model_dir)
     opened = {}
 
     def transport_for(peer):
@@ -173,8 +173,8 @@ def test_placement_is_adopted_at_step_boundaries_only(moe_dir):
     assert remote.begin_step() == 2
 
 
-def test_server_failure_names_the_server_and_the_layer_can_be_retried(moe_dir):
-    cfg, weights = all_weights(moe_dir)
+def test_server_failure_names_the_server_and_the_layer_can_be_retried(tiny_model_dir):
+    cfg, weights = all_weights(tiny_model_dir)
     p1 = round_robin_placement(cfg.moe_layers, 8, [("good", 0), ("bad", 0)], version=1)
     remote = RemoteExperts(p1, peers(["good", "bad"]), lambda peer: ShardTransport(peer, weights, fail=peer.server_id == "bad"))
     x, plan = routed_plan(10, top_k=8)
@@ -205,9 +205,9 @@ def check_equals_local(remote, cfg, weights):
 
 @pytest.mark.parametrize("transport", ["grpc", "dist"])
 @pytest.mark.parametrize("n_servers", [1, 2, 3])
-def test_remote_equals_local_over_real_servers(moe_dir, loop, transport, n_servers):
-    cfg, weights = all_weights(moe_dir)
-    with running_expert_servers(moe_dir, n_servers, loop, preload="all", transport="grpc" if transport == "grpc" else "dist") as parts:
+def test_remote_equals_local_over_real_servers(tiny_model_dir, loop, transport, n_servers):
+    cfg, weights = all_weights(tiny_model_dir)
+    with running_expert_servers(tiny_model_dir, n_servers, loop, preload="all", transport="grpc" if transport == "grpc" else "dist") as parts:
         infos = server_infos(parts)
         ids = sorted(infos)
         # one copy each, plus (with 2+ servers) every expert of layer 1 replicated on two servers
@@ -224,8 +224,8 @@ def test_remote_equals_local_over_real_servers(moe_dir, loop, transport, n_serve
             remote.close()
 
 
-def test_unknown_expert_on_a_server_surfaces_as_failed_precondition(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, transport="dist") as (srv,):
+def test_unknown_expert_on_a_server_surfaces_as_failed_precondition(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="dist") as (srv,):
         srv.shard.load(0, [0])
         info = ServerInfo("only", srv.address, host_id=srv.dist.host_id, dist_addr=srv.dist.addr)
         req = routed_request(6, [0, 4])
@@ -255,10 +255,10 @@ def test_auto_picks_dist_only_on_this_node(loop):
         open_transport(here, "smoke", TEST_RPC)
 
 
-def start_server_process(moe_dir):
+def start_server_process(tiny_model_dir):
     env = dict(token_env(), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "expert_svc", "--model-dir", str(moe_dir), "--preload", "all", "--transport", "dist"],
+        [sys.executable, "-m", "expert_svc", "--model-dir", str(tiny_model_dir), "--preload", "all", "--transport", "dist"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     line = proc.stdout.readline()  # "moemesh expert_svc: serving HOST:PORT dist=HOST:PORT"
@@ -270,13 +270,14 @@ def start_server_process(moe_dir):
     return proc, words[3], words[4].removeprefix("dist=")
 
 
-def test_dist_transport_across_processes(moe_dir, loop):
+@pytest.mark.slow  # expert servers as processes
+def test_dist_transport_across_processes(tiny_model_dir, loop):
     """Two expert server processes on loopback, tensors over gloo pair groups."""
-    cfg, weights = all_weights(moe_dir)
+    cfg, weights = all_weights(tiny_model_dir)
     procs = []
     try:
         for _ in range(2):
-            procs.append(start_server_process(moe_dir))
+            procs.append(start_server_process(tiny_model_dir))
         infos = {f"s{i}": ServerInfo(f"s{i}", addr, host_id=host_id(), dist_addr=dist) for i, (_, addr, dist) in enumerate(procs)}
         placement = round_robin_placement(cfg.moe_layers, 8, [(s, 0) for s in sorted(infos)], version=1)
         remote = RemoteExperts(placement, infos, lambda peer: DistTransport(peer, TEST_RPC, timeout_s=20))
@@ -296,11 +297,12 @@ def test_dist_transport_across_processes(moe_dir, loop):
                 raise
 
 
-def test_dist_link_to_a_killed_server_fails_fast(moe_dir, loop):
+@pytest.mark.slow  # an expert server as a process
+def test_dist_link_to_a_killed_server_fails_fast(tiny_model_dir, loop):
     """SIGKILL while the link is idle: the next call fails UNAVAILABLE (failover's cue), not after a
     timeout, and so does the one after it (which tries to open a new link)."""
-    cfg, weights = all_weights(moe_dir)
-    proc, addr, dist = start_server_process(moe_dir)
+    cfg, weights = all_weights(tiny_model_dir)
+    proc, addr, dist = start_server_process(tiny_model_dir)
     t = DistTransport(ServerInfo("s0", addr, host_id=host_id(), dist_addr=dist), TEST_RPC, timeout_s=20)
     try:
         req = routed_request(8, [1, 6], layer=1)
@@ -321,10 +323,10 @@ def test_dist_link_to_a_killed_server_fails_fast(moe_dir, loop):
 
 
 @pytest.mark.parametrize("make", [GrpcTransport, DistTransport])
-def test_bf16_travels_bit_exactly(moe_dir, loop, make):
+def test_bf16_travels_bit_exactly(tiny_model_dir, loop, make):
     """A bf16 request and its answer cross either transport unchanged: what the caller gets is what
     the server computed (here: the shard itself, called in process)."""
-    with running_expert_servers(moe_dir, 1, loop, transport="dist", preload="all") as (srv,):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="dist", preload="all") as (srv,):
         info = ServerInfo("only", srv.address, host_id=srv.dist.host_id, dist_addr=srv.dist.addr)
         req = routed_request(9, [1, 6], layer=1, dtype=torch.bfloat16)
         t = make(info, TEST_RPC, timeout_s=20)

@@ -66,6 +66,7 @@ def test_a_dead_step_loop_turns_health_not_serving_and_ends_its_streams(tiny_mod
     assert not load.serving
 
 
+@pytest.mark.slow  # a replica as a process
 def test_the_process_exits_non_zero_when_its_step_loop_ends(tiny_model_dir):
     script = textwrap.dedent(f"""
         import sys

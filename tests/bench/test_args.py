@@ -12,7 +12,8 @@ def test_engine_vs_transformers_defaults_and_lists():
     cfg = engine_vs_transformers.parse_args([])
     assert cfg.shape == "demo" and cfg.model is None
     assert cfg.dtypes == ("float32", "bfloat16") and cfg.experts_dtypes == ("bf16", "fp8", "mxfp4", "nvfp4")
-    assert (cfg.concurrent, cfg.threads, cfg.pack_experts) == (16, 2, None)  # 2 threads, as the llama.cpp anchor
+    assert (cfg.concurrent, cfg.threads, cfg.pack_experts, cfg.all_experts_path) == (16, 2, None, True)  # 2 threads, as the llama.cpp anchor
+    assert engine_vs_transformers.parse_args(["--no-all-experts-path"]).all_experts_path is False
     cfg = engine_vs_transformers.parse_args(["--shape", "qwen3-sparse", "--dtypes", "bfloat16", "--experts-dtypes", "",
                                              "--pack-experts", "off", "--new-tokens", "8"])
     assert (cfg.shape, cfg.dtypes, cfg.experts_dtypes, cfg.pack_experts, cfg.new_tokens) == ("qwen3-sparse", ("bfloat16",), (), False, 8)
@@ -35,6 +36,7 @@ def test_engine_vs_transformers_rejects(argv, message, capsys):
 def test_mesh_vs_engine_defaults_and_lists():
     ns = mesh_vs_engine.parse_args([])
     assert (ns.shape, ns.concurrency, ns.requests_per_stream, ns.transports, ns.expert_servers) == ("demo", (1, 16), 2, ("grpc", "dist"), 2)
+    assert ns.all_experts_path is True and mesh_vs_engine.parse_args(["--no-all-experts-path"]).all_experts_path is False
     ns = mesh_vs_engine.parse_args(["--shape", "qwen3-sparse", "--concurrency", "16", "--transports", "grpc", "--json"])
     assert (ns.shape, ns.concurrency, ns.transports, ns.json) == ("qwen3-sparse", (16,), ("grpc",), True)
 
@@ -73,3 +75,18 @@ def test_gateway_vs_router_defaults_and_rejects(capsys):
     with pytest.raises(SystemExit) as e:
         gateway_vs_router.parse_args(["--rounds", "0"])
     assert e.value.code == 2 and "--rounds >= 1" in capsys.readouterr().err
+
+
+def test_rebalance_defaults_and_rejects(capsys):
+    from bench import rebalance
+
+    ns = rebalance.parse_args([])
+    assert (ns.shape, ns.expert_servers, ns.expert_cpu_quota, ns.top_k, ns.top_k_phases, ns.json) == (
+        "qwen3-sparse-skew", 4, 0.1, 2, (8, 4, 8), False)
+    ns = rebalance.parse_args(["--shape", "demo", "--top-k-phases", "", "--expert-cpu-quota", "0", "--transport", "dist", "--json"])
+    assert (ns.shape, ns.top_k_phases, ns.expert_cpu_quota, ns.transport, ns.json) == ("demo", (), 0.0, "dist", True)
+    for argv, message in ((["--top-k-phases", "8,0"], "integers >= 1"), (["--phase-s", "0"], "--phase-s > 0"),
+                          (["--expert-cpu-quota", "-1"], "--expert-cpu-quota"), (["--concurrency", "0"], "--concurrency")):
+        with pytest.raises(SystemExit) as e:
+            rebalance.parse_args(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err

@@ -6,6 +6,8 @@ import pytest
 from bench.engine_worker import EngineProcess
 from moemesh.engine import EngineConfig
 
+pytestmark = pytest.mark.slow  # an engine in a spawned process
+
 
 def test_engine_process_loads_decodes_and_reports_memory(tiny_shape_dir):
     path = tiny_shape_dir("qwen3-sparse-tiny")

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from bench.shapes import (
-    DEMO, QWEN3_SPARSE, SHAPES, STAMP, Shape, checkpoint_bytes, ensure_checkpoint, is_current, write_tokenizer,
+    DEMO, QWEN3_SPARSE, QWEN3_SPARSE_SKEW, SHAPES, STAMP, Shape, checkpoint_bytes, ensure_checkpoint, is_current, write_tokenizer,
 )
 from moemesh.models.registry import parse_model_config
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
 from tests.bench.conftest import TINY_SHAPES
-from tests.moemesh.reference import hf_greedy, hf_prompt_logprobs
+from tests.fixtures.reference import hf_greedy, hf_prompt_logprobs
 
 PROMPT = [5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11, 400]
 NEW_TOKENS = 16
@@ -31,6 +31,7 @@ def test_qwen3_sparse_has_the_issue_proportions():
     assert QWEN3_SPARSE.checkpoint_bytes() == pytest.approx(2.70e9, rel=0.01)
 
 
+@pytest.mark.slow  # reads the demo model: > 2 s
 def test_demo_shape_is_the_demo_model_shape():
     """DEMO against the config the demo model's converter derives from the GGUF it is built from."""
     from moemesh.demo_model.build import DEMO_NUM_EXPERTS
@@ -121,6 +122,7 @@ def test_tokenizer_files_match_the_vocabulary(tiny_shape_dir):
     assert tok.decode(tok.encode("Hello world").ids) == "Hello world"
 
 
+@pytest.mark.slow  # reads the demo GGUF: > 2 s
 def test_tokenizer_rebuilt_from_the_gguf_when_the_demo_model_is_not_built(tmp_path, monkeypatch, tiny_shape_dir):
     monkeypatch.setenv("MOEMESH_HOME", str(tmp_path / "empty-home"))
     out = tmp_path / "tok"
@@ -161,5 +163,32 @@ def test_a_directory_that_is_not_a_bench_checkpoint_is_never_replaced(tmp_path):
 
 
 def test_shape_json_round_trips_every_field():
-    stamp = json.loads(json.dumps(QWEN3_SPARSE.stamp()))
-    assert Shape(**stamp["shape"]) == QWEN3_SPARSE
+    for shape in (QWEN3_SPARSE, QWEN3_SPARSE_SKEW):
+        stamp = json.loads(json.dumps(shape.stamp()))
+        assert Shape(**stamp["shape"]) == shape
+    assert "router_skew" not in QWEN3_SPARSE.stamp()["shape"]  # checkpoints written before the skew stay current
+
+
+def test_the_skewed_variant_favours_its_hot_experts_zipf_like(tiny_shape_dir):
+    from safetensors import safe_open
+
+    shape = TINY_SHAPES["qwen3-sparse-tiny-skew"]
+    assert shape.preference_ranks()[:5] == [0, 4, 5, 6, 1] and shape.router_hot == (0, 4, 8, 12)
+    assert QWEN3_SPARSE_SKEW.router_hot == tuple(range(0, 32, 4)) and QWEN3_SPARSE_SKEW.num_experts == 64
+    path = tiny_shape_dir("qwen3-sparse-tiny-skew")
+    name = "model.layers.1.mlp.gate.weight"
+    index = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(str(path / index[name]), "pt") as f:
+        router = f.get_tensor(name).float()  # [E, H]
+    plain = replace(shape, router_skew=0.0, router_hot=()).tensor(name, tuple(router.shape)).float()
+    ranks = torch.tensor(shape.preference_ranks(), dtype=torch.float32)
+    torch.testing.assert_close(router, plain * ((16**0.5 / (ranks + 1)) ** 1.0)[:, None], rtol=1e-2, atol=1e-3)  # bf16 rounding
+    # the top-4 picks of varied hidden states favour the hot experts (a quarter of the experts: 41%), in rank order
+    x = torch.randn(20_000, shape.hidden_size, generator=torch.Generator().manual_seed(0))
+    picks = torch.bincount((x @ router.T).topk(shape.top_k, dim=1).indices.flatten(), minlength=16).float()
+    share = picks / picks.sum()
+    assert share[[0, 4, 8, 12]].sum() > 0.35 and share[0] > share[4] > share[8] > share[12] > share[[1, 2, 3]].max()
+    with pytest.raises(ValueError, match="router_hot"):
+        replace(shape, router_hot=(0, 0))
+    with pytest.raises(ValueError, match="router_skew"):
+        replace(shape, router_skew=-1.0)

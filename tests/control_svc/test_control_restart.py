@@ -13,12 +13,12 @@ from control_svc.config import ControlConfig
 from control_svc.server import create_server
 from moemesh.contracts.placement import Placement
 from moemesh.transport.dist_transport import open_transport
-from tests.expert_svc.fixtures import all_weights, plan_expected, routed_plan, running_expert_servers
+from tests.fixtures.expert_servers import all_weights, plan_expected, routed_plan, running_expert_servers
 from tests.fixtures.auth import TEST_RPC
 
 
-def start_control(moe_dir, loop, port=0):
-    cfg = ControlConfig(model_dir=str(moe_dir), port=port, expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=1.0,
+def start_control(tiny_model_dir, loop, port=0):
+    cfg = ControlConfig(model_dir=str(tiny_model_dir), port=port, expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=1.0,
                         release_timeout_s=2.0, rpc=TEST_RPC)
     control, _ = loop.run(create_server(cfg), 30)
     loop.run(control.start(), 30)
@@ -32,12 +32,12 @@ def wait(predicate, timeout_s, what):
         time.sleep(0.02)
 
 
-def test_restarted_control_plane_rebuilds_the_placement_and_fails_over(moe_dir, loop):
-    cfg, weights = all_weights(moe_dir)
-    control = start_control(moe_dir, loop)
+def test_restarted_control_plane_rebuilds_the_placement_and_fails_over(tiny_model_dir, loop):
+    cfg, weights = all_weights(tiny_model_dir)
+    control = start_control(tiny_model_dir, loop)
     port = control.port
     try:
-        with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
+        with running_expert_servers(tiny_model_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
             ids = [p.agent.server_id for p in experts]
 
             async def attention():
@@ -62,7 +62,7 @@ def test_restarted_control_plane_rebuilds_the_placement_and_fails_over(moe_dir, 
 
             step()
             loop.run(control.shutdown(0.1), 30)
-            control = start_control(moe_dir, loop, port)  # a new process would know nothing either
+            control = start_control(tiny_model_dir, loop, port)  # a new process would know nothing either
             step()  # the replica keeps running on what it has meanwhile
 
             wait(lambda: control.plane.board.version >= 3, 30, "the restarted control plane commits a placement")

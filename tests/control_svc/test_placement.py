@@ -4,8 +4,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from control_svc.cost_model import ExpertShape, ServerCost, StepCosts
 from control_svc.placement import (
-    RebalancePolicy, ServerBudget, balancedness, evacuate, initial_placement, placement_diff, plan_rebalance, server_loads,
+    CostInputs, RebalancePolicy, ServerBudget, balancedness, evacuate, initial_placement, placement_diff, plan_rebalance, server_loads,
     solve,
 )
 from moemesh.contracts.placement import Placement
@@ -314,13 +315,20 @@ def skewed_tokens(total: int) -> torch.Tensor:
     return load
 
 
+ROWS_COST = CostInputs(StepCosts(ServerCost(0.0, 1e-6, 1e-3), fanout_s=0.0, row_bytes=0, steps=10.0), ExpertShape(64, 32), top_k=2)
+
+
 def test_skewed_load_is_rebalanced_with_replicas_of_the_hot_experts():
-    plan = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=10)
+    # one expert hotter than all the others together, rows that cost (many per step): moving it
+    # cannot relieve its server, splitting its rows over replicas does
+    load = skewed_tokens(30_000)
+    load[:, 2] = 300
+    plan = plan_rebalance(load, BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=10, cost=ROWS_COST)
     assert plan.placement is not None and plan.placement.version == 4
     assert plan.before < 0.6 and plan.after > 0.9
     assert plan.moves == placement_diff(CURRENT, plan.placement).moves > 0
     for layer in LAYERS:
-        assert len(plan.placement.replicas[layer][0]) == 2 and len(plan.placement.replicas[layer][2]) == 2
+        assert len(plan.placement.replicas[layer][0]) == 2
         assert sum(len(c) for c in plan.placement.replicas[layer]) == 10  # replica count respected
 
 
@@ -329,7 +337,8 @@ def test_policy_thresholds_keep_the_current_placement_and_say_why():
     assert thin.placement is None and "min_tokens" in thin.reason
     greedy = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100, min_gain=0.9))
     assert greedy.placement is None and "min_gain" in greedy.reason
-    capped = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100, max_moves=1), num_physical=10)
+    capped = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100, max_moves=1), num_physical=10,
+                            cost=ROWS_COST)
     assert capped.placement is None and "max_moves" in capped.reason
 
 
@@ -354,8 +363,9 @@ def test_a_small_drift_after_a_solve_moves_nothing():
 
 
 def test_max_moves_allows_a_switch_of_exactly_that_many():
-    plan = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=10)
-    exact = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100, max_moves=plan.moves), num_physical=10)
+    plan = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100), num_physical=10, cost=ROWS_COST)
+    exact = plan_rebalance(skewed_tokens(30_000), BUDGETS, CURRENT, LAYERS, RebalancePolicy(min_tokens=100, max_moves=plan.moves), num_physical=10,
+                           cost=ROWS_COST)
     assert exact.placement == plan.placement
 
 

@@ -80,7 +80,7 @@ def skew(plane):
     plane.heartbeat("expert-1", None, stats({(l, e): 10 for l in LAYERS for e in range(1, 8, 2)}))
 
 
-def test_rebalance_replicates_hot_experts_and_publishes_balancedness():
+def test_rebalance_spreads_hot_experts_and_publishes_balancedness():
     async def main():
         plane, ops, _, metrics = make_plane(redundant_experts=2)
         await two_servers(plane)
@@ -89,14 +89,58 @@ def test_rebalance_replicates_hot_experts_and_publishes_balancedness():
         plan = await plane.rebalance()
         assert plan.placement is not None and plane.board.version == 2
         assert before < 0.6 and plane.balancedness() > 0.9
-        for layer in LAYERS:
-            assert set(plane.board.current.placement.replicas[layer][0]) == {"expert-0", "expert-1"}
-        assert ops.held["expert-1"] >= {(0, 0), (1, 0), (0, 2), (1, 2)}  # prepared before the commit
+        for layer in LAYERS:  # the two hot experts no longer share one server alone (moved, or replicated)
+            owners = [set(plane.board.current.placement.replicas[layer][e]) for e in (0, 2)]
+            assert owners[0] != owners[1] or owners[0] == {"expert-0", "expert-1"}
+            assert ops.held["expert-1"] & {(layer, 0), (layer, 2)}  # prepared before the commit
         text = metrics.render().decode()
         assert 'moemesh_placement_version{service="control"} 2.0' in text
         assert "moemesh_placement_balancedness" in text
         again = await plane.rebalance()  # the same load: nothing better to switch to
         assert again.placement is None and plane.board.version == 2
+
+    asyncio.run(main())
+
+
+def work_stats(tokens: dict[tuple[int, int], int], requests: int, expert_calls: int, busy_s: float, service_s: float):
+    """A heartbeat's stats with its window work (10 s of it)."""
+    st = stats(tokens)
+    st.window_work.CopyFrom(expert_pb2.ExpertWork(seconds=10.0, requests=requests, expert_calls=expert_calls,
+                                                  rows=sum(tokens.values()), busy_seconds=busy_s, service_seconds=service_s))
+    return st
+
+
+def test_a_dry_run_prices_the_plan_from_the_servers_reports_and_switches_nothing():
+    async def main():
+        plane, ops, _, _ = make_plane(redundant_experts=2)
+        await two_servers(plane)
+        hot = {(l, e): (3000 if e in (0, 2) else 10) for l in LAYERS for e in range(0, 8, 2)}
+        cold = {(l, e): 10 for l in LAYERS for e in range(1, 8, 2)}
+        plane.heartbeat("expert-0", None, work_stats(hot, requests=400, expert_calls=1600, busy_s=6.0, service_s=7.0))
+        plane.heartbeat("expert-1", None, work_stats(cold, requests=400, expert_calls=300, busy_s=0.5, service_s=1.5))
+        held = {s: set(h) for s, h in ops.held.items()}
+        plan = await plane.rebalance(dry_run=True)
+        assert plan.placement is not None and plane.board.version == 1 and ops.held == held  # nothing loaded
+        assert plan.prediction.gain > 1.05 and plan.switch.copies == plan.moves > 0
+        cost = plane.cost_inputs(plane.board.current).costs
+        assert cost.calibrated and cost.steps == 400 / len(LAYERS) and cost.step_s == 10.0 / 200
+        assert cost.server("expert-0").call_s == pytest.approx(1.0 / 400)
+        switched = await plane.rebalance()
+        assert switched.placement == plane.board.current.placement and plane.board.version == 2
+        assert plane.seconds_per_copy is not None  # the prepare phase's rate, for the next switch's cost
+
+    asyncio.run(main())
+
+
+def test_a_lower_top_k_is_predicted_faster():
+    async def main():
+        plane, _, _, _ = make_plane()
+        await two_servers(plane)
+        skew(plane)
+        halved = plane.predict_knobs(1, None, None)  # the model's top-2 of 8 -> 1
+        assert halved.gain > 1.0
+        assert plane.predict_knobs(None, 1.5, None).gain == pytest.approx(1.0)  # capacity is not in the model
+        assert plane.board.version == 1
 
     asyncio.run(main())
 

@@ -18,7 +18,7 @@ from moemesh.errors import MeshError
 from moemesh.rpc.protos import load as load_protos
 from moemesh.rpc.server import make_channel
 from tests.control_svc.test_plane import LAYERS, make_plane, settle, stats, two_servers
-from tests.expert_svc.fixtures import running_expert_servers
+from tests.fixtures.expert_servers import running_expert_servers
 from tests.fixtures.auth import TEST_RPC
 
 expert_pb2, expert_grpc = load_protos("expert")
@@ -109,11 +109,11 @@ def test_a_restarted_server_replaces_its_live_record_at_once():
     asyncio.run(main())
 
 
-def test_drop_experts_is_refused_for_experts_the_placement_still_places(moe_dir, loop):
+def test_drop_experts_is_refused_for_experts_the_placement_still_places(tiny_model_dir, loop):
     """DropExperts by anyone but the control plane's release: refused while the committed placement
     still gives the server those experts, so requests never lose them (the control plane's own
     release drops only copies its placement no longer names: tests/live/test_switching)."""
-    control = loop.run(create_server(ControlConfig(model_dir=str(moe_dir), expected_expert_servers=1, release_timeout_s=1.0,
+    control = loop.run(create_server(ControlConfig(model_dir=str(tiny_model_dir), expected_expert_servers=1, release_timeout_s=1.0,
                                                    rpc=TEST_RPC)), 30)[0]
     loop.run(control.start(), 30)
 
@@ -127,7 +127,7 @@ def test_drop_experts_is_refused_for_experts_the_placement_still_places(moe_dir,
             return e.value, server.shard.held()
 
     try:
-        with running_expert_servers(moe_dir, 1, loop, transport="grpc", control_addr=control.address) as (server,):
+        with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", control_addr=control.address) as (server,):
             err, held = loop.run(scenario(server), 60)
             assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "layer 0 expert 0" in err.details() and "only the control plane drops experts" in err.details()
@@ -138,8 +138,8 @@ def test_drop_experts_is_refused_for_experts_the_placement_still_places(moe_dir,
         loop.run(control.shutdown(0.2), 30)
 
 
-def test_undrain_and_bad_knobs_over_grpc(moe_dir, loop):
-    control = loop.run(create_server(ControlConfig(model_dir=str(moe_dir), expected_expert_servers=1, release_timeout_s=1.0,
+def test_undrain_and_bad_knobs_over_grpc(tiny_model_dir, loop):
+    control = loop.run(create_server(ControlConfig(model_dir=str(tiny_model_dir), expected_expert_servers=1, release_timeout_s=1.0,
                                                    rpc=TEST_RPC)), 30)[0]
     loop.run(control.start(), 30)
 
@@ -160,7 +160,7 @@ def test_undrain_and_bad_knobs_over_grpc(moe_dir, loop):
             return codes
 
     try:
-        with running_expert_servers(moe_dir, 1, loop, transport="grpc", control_addr=control.address):
+        with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", control_addr=control.address):
             codes = loop.run(scenario(), 60)
     finally:
         loop.run(control.shutdown(0.2), 30)

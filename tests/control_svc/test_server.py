@@ -9,19 +9,19 @@ from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.wire import control_grpc, control_pb2, placement_from_proto, server_from_proto, server_to_proto
 from moemesh.models.registry import load_model_config
 from moemesh.rpc.server import make_channel
-from tests.expert_svc.fixtures import running_expert_servers
+from tests.fixtures.expert_servers import running_expert_servers
 from tests.fixtures.auth import TEST_RPC
 
 
 @pytest.fixture
-def control(moe_dir, loop):
-    control_server = loop.run(create_server(ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, release_timeout_s=1.0, rpc=TEST_RPC)), 30)[0]
+def control(tiny_model_dir, loop):
+    control_server = loop.run(create_server(ControlConfig(model_dir=str(tiny_model_dir), expected_expert_servers=2, release_timeout_s=1.0, rpc=TEST_RPC)), 30)[0]
     loop.run(control_server.start(), 30)
     yield control_server
     loop.run(control_server.shutdown(0.2), 30)
 
 
-def test_initial_placement_loads_every_expert_onto_the_servers(moe_dir, loop, control):
+def test_initial_placement_loads_every_expert_onto_the_servers(tiny_model_dir, loop, control):
     async def scenario(experts):
         async with make_channel(control.address, TEST_RPC) as ch:
             stub = control_grpc.ControlServiceStub(ch)
@@ -38,7 +38,7 @@ def test_initial_placement_loads_every_expert_onto_the_servers(moe_dir, loop, co
             hb = await stub.Heartbeat(control_pb2.HeartbeatRequest(id=ids[0]))
             return ids, first, got, hb
 
-    with running_expert_servers(moe_dir, 2, loop, transport="grpc") as experts:
+    with running_expert_servers(tiny_model_dir, 2, loop, transport="grpc") as experts:
         ids, first, got, hb = loop.run(scenario(experts), 30)
         placement = placement_from_proto(got.placement)
         assert placement.version == 1 and placement_from_proto(first.placement) == placement
@@ -79,10 +79,10 @@ def test_bad_calls_get_the_right_status(loop, control):
     assert not unknown.known
 
 
-def test_metrics_endpoint_and_status_rpc(moe_dir, loop):
+def test_metrics_endpoint_and_status_rpc(tiny_model_dir, loop):
     import urllib.request
 
-    control_server = loop.run(create_server(ControlConfig(model_dir=str(moe_dir), metrics_port=0, rpc=TEST_RPC)), 30)[0]
+    control_server = loop.run(create_server(ControlConfig(model_dir=str(tiny_model_dir), metrics_port=0, rpc=TEST_RPC)), 30)[0]
     loop.run(control_server.start(), 30)
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{control_server.metrics_server.port}/metrics", timeout=10).read().decode()
@@ -98,7 +98,7 @@ def test_metrics_endpoint_and_status_rpc(moe_dir, loop):
 
         st, err = loop.run(status(), 30)
         assert st.placement_version == 0 and list(st.servers) == [] and st.balancedness == 1.0
-        model = load_model_config(str(moe_dir))
+        model = load_model_config(str(tiny_model_dir))
         assert sorted((el.layer, el.expert_id, el.tokens) for el in st.expert_loads) == [
             (layer, e, 0) for layer in model.moe_layers for e in range(model.num_experts)]  # the heat map, idle
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "no placement yet" in err.details()

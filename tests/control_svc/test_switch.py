@@ -87,3 +87,33 @@ def test_watchers_see_each_commit():
             await sw.board.publish(board.current)
 
     asyncio.run(main())
+
+
+def test_prepare_loads_exactly_the_diff_and_reports_its_rate():
+    from control_svc.placement import placement_diff
+
+    async def main():
+        board = PlacementBoard()
+        ops = FakeOps(board)
+        rates = []
+        sw = PlacementSwitch(ops, board, lambda: SERVERS, lambda: [2], 5.0, 5.0, on_loaded=lambda n, s: rates.append((n, s)))
+        await sw.switch(OLD)
+        ops.log.clear()
+        rates.clear()
+        new = Placement(2, {0: (("a", "c"), ("b",), ("a", "b"))})  # one copy added on c, nothing else moves
+        await sw.switch(new)
+        loads = {e[1]: e[2] for e in ops.log if e[0] == "load"}
+        assert loads == placement_diff(OLD, new).loads == {"c": {0: (0,)}}
+        assert [n for n, _ in rates] == [1] and rates[0][1] >= 0
+
+        async def reporting(server, experts, version):  # a server that says how long it spent loading
+            ops.log.append(("load", server.server_id, experts, board.version))
+            await asyncio.sleep(0.2)  # a pause between its layers: not loading time
+            return 0.01
+
+        ops.load = reporting
+        rates.clear()
+        await sw.switch(Placement(3, {0: (("a", "c"), ("b", "c"), ("a", "b"))}))
+        assert rates == [(1, 0.01)]
+
+    asyncio.run(main())

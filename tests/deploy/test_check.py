@@ -27,6 +27,7 @@ def fake_kubectl(directory):
     return str(p)
 
 
+@pytest.mark.slow  # `python -m deploy.check` and kubectl as processes
 def test_python_m_deploy_check_passes_every_kustomization():
     dirs = [str(K8S / name) for name in OVERLAYS]
     out = subprocess.run([sys.executable, "-m", "deploy.check", *dirs], cwd=ROOT, capture_output=True, text=True, timeout=300)

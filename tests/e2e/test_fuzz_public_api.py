@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
 from moemesh.rpc.generation import build_request
-from tests.e2e.helpers import gen_grpc, gen_pb
+from tests.fixtures.services import gen_grpc, gen_pb
 
 pytestmark = pytest.mark.slow
 

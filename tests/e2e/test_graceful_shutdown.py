@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from moemesh.launcher.child import stop_all
 from moemesh.rpc.generation import build_request
-from tests.e2e.helpers import attention_load, gen_grpc, start_service
+from tests.fixtures.services import attention_load, gen_grpc, start_service
 
 LONG = dict(max_new_tokens=250, temperature=0.0, ignore_eos=True)
 STREAMS = 24  # enough work that the streams are still running when the signal lands

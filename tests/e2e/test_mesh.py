@@ -10,7 +10,7 @@ import pytest
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
 from moemesh.rpc.generation import build_request
-from tests.e2e.helpers import assert_same_generation, gen_grpc, generate_json, run_json, wait_idle
+from tests.fixtures.services import assert_same_generation, gen_grpc, generate_json, run_json, wait_idle
 
 MESHES = [
     pytest.param((1, "grpc", None), id="1-expert-grpc"),

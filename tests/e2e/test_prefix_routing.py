@@ -15,7 +15,7 @@ import pytest
 
 from moemesh.launcher.child import stop_all
 from moemesh.rpc.generation import build_request
-from tests.e2e.helpers import assert_same_generation, attention_load, gen_grpc, generate_json, run_json, start_service
+from tests.fixtures.services import assert_same_generation, attention_load, gen_grpc, generate_json, run_json, start_service
 
 SYSTEM = [(7 * i) % 500 + 3 for i in range(64)]  # 4 blocks of 16
 

@@ -18,7 +18,7 @@ from moemesh.launcher.child import stop_all
 from moemesh.tokenizer import Tokenizer
 from moemesh.rpc.generation import build_request
 from router_svc.limits import RequestLimits
-from tests.e2e.helpers import gen_grpc, gen_pb, start_service
+from tests.fixtures.services import gen_grpc, gen_pb, start_service
 
 MB = 1 << 20
 

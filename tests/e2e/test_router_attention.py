@@ -9,7 +9,7 @@ import pytest
 
 from moemesh.launcher.child import stop_all
 from moemesh.rpc.generation import build_request
-from tests.e2e.helpers import assert_same_generation, gen_grpc, gen_pb, generate_json, run_json, start_service, wait_idle
+from tests.fixtures.services import assert_same_generation, gen_grpc, gen_pb, generate_json, run_json, start_service, wait_idle
 
 
 @pytest.fixture(scope="module")

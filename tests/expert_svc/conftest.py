@@ -1,1 +1,1 @@
-from tests.expert_svc.fixtures import loop, moe_dir  # noqa: F401  (pytest fixtures)
+from tests.fixtures.expert_servers import loop  # noqa: F401  (a pytest fixture)

@@ -10,7 +10,7 @@ from moemesh.contracts.placement import Placement
 from moemesh.contracts.wire import control_pb2, held_from_proto, placement_to_proto
 from moemesh.models.registry import load_model_config
 from moemesh.rpc.protos import load
-from tests.expert_svc.fixtures import running_expert_servers
+from tests.fixtures.expert_servers import running_expert_servers
 from tests.fixtures.auth import TEST_RPC
 
 expert_pb2, _ = load("expert")
@@ -37,9 +37,9 @@ class FakeControl:
                                                         placement=placement_to_proto(self.placement))
 
 
-def test_a_forgotten_server_registers_again_with_what_it_has_and_keeps_what_a_newer_placement_loaded(moe_dir, loop):
-    layer = load_model_config(moe_dir).moe_layers[0]
-    with running_expert_servers(moe_dir, 1, loop) as (server,):
+def test_a_forgotten_server_registers_again_with_what_it_has_and_keeps_what_a_newer_placement_loaded(tiny_model_dir, loop):
+    layer = load_model_config(tiny_model_dir).moe_layers[0]
+    with running_expert_servers(tiny_model_dir, 1, loop) as (server,):
         shard = server.shard
         for le in list(shard.held()):
             shard.drop(le, range(8))

@@ -167,6 +167,7 @@ def test_a_frame_over_the_servers_limit_breaks_only_that_link(hub):
         other.close()
 
 
+@pytest.mark.slow  # waits out the link handshake: > 2 s
 def test_an_outsider_without_the_link_secret_gets_no_link(hub, caplog):
     """The TCPStore is open to anyone who reaches it (its keys can be listed): joining a link's pair
     group there without the secret from OpenDistLink fails the handshake before any call (the hub

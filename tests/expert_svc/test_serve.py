@@ -16,17 +16,17 @@ from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode
 from moemesh.transport.grpc_transport import request_message
 from tests.fixtures.auth import TEST_RPC, token_env
-from tests.expert_svc.fixtures import routed_request, running_expert_servers
+from tests.fixtures.expert_servers import routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
 control_pb2, control_grpc = load("control")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_drain_finishes_in_flight_calls_and_refuses_new_ones(moe_dir, loop):
+def test_drain_finishes_in_flight_calls_and_refuses_new_ones(tiny_model_dir, loop):
     # on the compute pool (inline_max_elements=0): an inline call holds the event loop, so drain
     # would only start once it is done
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
         release = threading.Event()
         real = srv.shard.forward
 
@@ -89,12 +89,13 @@ def stop(proc, timeout_s=20):
         raise
 
 
-def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
-    control, words = spawn(["control_svc", "--model-dir", str(moe_dir), "--expected-expert-servers", "1"])
+@pytest.mark.slow  # an expert server as a process
+def test_sigterm_drains_and_deregisters_an_expert_server_process(tiny_model_dir, loop):
+    control, words = spawn(["control_svc", "--model-dir", str(tiny_model_dir), "--expected-expert-servers", "1"])
     control_addr = words[3]
     expert = None
     try:
-        expert, words = spawn(["expert_svc", "--model-dir", str(moe_dir), "--control-addr", control_addr, "--transport", "grpc", "--drain-timeout-s", "5"])
+        expert, words = spawn(["expert_svc", "--model-dir", str(tiny_model_dir), "--control-addr", control_addr, "--transport", "grpc", "--drain-timeout-s", "5"])
         server_id = words[-1].removeprefix("id=")
 
         async def placement_version():
@@ -123,10 +124,10 @@ def test_sigterm_drains_and_deregisters_an_expert_server_process(moe_dir, loop):
         assert stop(control) == 0
 
 
-def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(moe_dir, loop):
-    from tests.expert_svc.fixtures import HIDDEN
+def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(tiny_model_dir, loop):
+    from tests.fixtures.expert_servers import HIDDEN
 
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=4 * HIDDEN) as (srv,):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=4 * HIDDEN) as (srv,):
         ran_on, real = [], srv.shard.forward
 
         def recording_forward(*args):
@@ -148,13 +149,13 @@ def test_decode_sized_calls_run_on_the_event_loop_and_larger_ones_on_the_pool(mo
         assert ran_on[1].startswith("expert-compute")
 
 
-def test_drain_does_not_wait_out_an_idle_forward_stream(moe_dir, loop):
+def test_drain_does_not_wait_out_an_idle_forward_stream(tiny_model_dir, loop):
     import types
 
     from moemesh.errors import MeshError
     from moemesh.transport.grpc_transport import GrpcTransport
 
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         peer = types.SimpleNamespace(server_id="s0", address=f"127.0.0.1:{srv.port}", host_id="", dist_addr="")
         t = GrpcTransport(peer, TEST_RPC, timeout_s=20)
         try:

@@ -9,7 +9,7 @@ from moemesh.rpc.server import make_channel
 from moemesh.transport.codec import decode, encode
 from moemesh.transport.grpc_transport import request_message
 from tests.fixtures.auth import TEST_RPC
-from tests.expert_svc.fixtures import all_weights, expected, routed_request, running_expert_servers
+from tests.fixtures.expert_servers import all_weights, expected, routed_request, running_expert_servers
 
 expert_pb2, expert_grpc = load("expert")
 
@@ -33,9 +33,9 @@ def stream(loop, port, requests):
     return loop.run(go(), 30)
 
 
-def test_forward_stream_answers_each_call_with_its_partial_sum(moe_dir, loop):
-    cfg, weights = all_weights(moe_dir)
-    with running_expert_servers(moe_dir, 1, loop, preload="all", transport="grpc") as (srv,):
+def test_forward_stream_answers_each_call_with_its_partial_sum(tiny_model_dir, loop):
+    cfg, weights = all_weights(tiny_model_dir)
+    with running_expert_servers(tiny_model_dir, 1, loop, preload="all", transport="grpc") as (srv,):
         reqs = [routed_request(17, [7, 0, 3], layer=layer, seed=layer) for layer in cfg.moe_layers]
         bf = routed_request(5, [2], dtype=torch.bfloat16)
         answers = stream(loop, srv.port, [request_message(r) for r in reqs + [bf]])
@@ -51,9 +51,9 @@ def test_forward_stream_answers_each_call_with_its_partial_sum(moe_dir, loop):
         assert sum(l.tokens for l in stats.loads) == sum(r.token_idx.numel() for r in reqs + [bf])
 
 
-def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop):
-    cfg, weights = all_weights(moe_dir)
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
+def test_unknown_expert_is_failed_precondition_and_live_load_drop(tiny_model_dir, loop):
+    cfg, weights = all_weights(tiny_model_dir)
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc") as (srv,):
         req = routed_request(6, [4, 5], layer=1)
         (a,) = stream(loop, srv.port, [request_message(req)])
         assert a.error_code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "layer 1" in a.error
@@ -83,9 +83,9 @@ def test_unknown_expert_is_failed_precondition_and_live_load_drop(moe_dir, loop)
         (lambda r: r.weights.__setattr__("dtype", "pickle"), "weights.dtype"),
     ],
 )
-def test_garbage_requests_are_invalid_argument_and_the_stream_goes_on(moe_dir, loop, mutate, match):
-    cfg, weights = all_weights(moe_dir)
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+def test_garbage_requests_are_invalid_argument_and_the_stream_goes_on(tiny_model_dir, loop, mutate, match):
+    cfg, weights = all_weights(tiny_model_dir)
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         good = routed_request(4, [1], top_k=1)
         bad = request_message(good)
         mutate(bad)
@@ -94,8 +94,8 @@ def test_garbage_requests_are_invalid_argument_and_the_stream_goes_on(moe_dir, l
         torch.testing.assert_close(decode(b.y), expected(good, weights[0]))
 
 
-def test_health_and_reflection(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
+def test_health_and_reflection(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc") as (srv,):
         async def go():
             async with make_channel(f"127.0.0.1:{srv.port}", TEST_RPC) as ch:
                 h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="moemesh.v1.ExpertService"))
@@ -111,8 +111,8 @@ def test_health_and_reflection(moe_dir, loop):
         assert "moemesh.v1.ExpertService" in names and "grpc.reflection.v1alpha.ServerReflection" in names
 
 
-def test_unexpected_failure_is_internal_and_the_server_keeps_serving(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc") as (srv,):
+def test_unexpected_failure_is_internal_and_the_server_keeps_serving(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc") as (srv,):
         def broken_load(layer, experts):
             raise OSError("checkpoint shard vanished")
 
@@ -131,3 +131,10 @@ def test_unexpected_failure_is_internal_and_the_server_keeps_serving(moe_dir, lo
         srv.shard.forward = lambda req: (_ for _ in ()).throw(KeyError("bug"))
         (a,) = stream(loop, srv.port, [request_message(routed_request(3, [1]))])
         assert a.error_code == grpc.StatusCode.INTERNAL.value[0] and "KeyError" in a.error
+
+
+def test_the_all_experts_path_follows_the_config(tiny_model_dir, loop):
+    for flag in (True, False):
+        with running_expert_servers(tiny_model_dir, 1, loop, preload="all", transport="grpc", all_experts_path=flag) as (srv,):
+            assert srv.shard.all_experts_path is flag
+            assert all((srv.shard._layers[layer].concatenated is not None) is flag for layer in srv.shard.held())

@@ -14,8 +14,10 @@ import openai
 import pytest
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
-from tests.e2e.helpers import attention_load, wait_idle
+from tests.fixtures.services import attention_load, wait_idle
 from tests.gateway_svc import browser
+
+pytestmark = pytest.mark.slow  # a mesh of service processes on the demo model, and a browser
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -18,7 +18,6 @@ from kernels.formats.checks import pad_last
 from moemesh.engine.config import EngineConfig
 from moemesh.engine.llm_engine import LLMEngine
 from moemesh.engine.sampling_params import SamplingParams
-from tests.fixtures.checkpoints import build_model, make_tiny_checkpoint
 from tests.kernels.oracles import ct_fp8_block, torchao_mxfp4_floor, torchao_nvfp4
 
 FORMATS = ("bf16", "fp8", "mxfp4", "nvfp4")
@@ -45,9 +44,9 @@ def expert_formats(eng: LLMEngine) -> set[str]:
     return {lx.weights.fmt for lx in eng.experts.layers.values()}
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
-def tiny(request, tmp_path_factory):
-    path, _ = make_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
+@pytest.fixture(params=["mixtral", "qwen3_moe"])
+def tiny(request, tiny_ckpt):
+    path, _ = tiny_ckpt(request.param)
     return request.param, path
 
 
@@ -128,19 +127,6 @@ def test_native_checkpoint_rejects_missing_quant_config(tiny, tmp_path):
         engine(native)
 
 
-def gpt_oss_checkpoint(out: Path) -> Path:
-    import transformers as tf
-
-    cfg = tf.GptOssConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=256,
-        sliding_window=4, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-        pad_token_id=None,
-    )
-    build_model(cfg).save_pretrained(out)
-    return out
-
-
 def write_gpt_oss_mxfp4(src: Path, dst: Path) -> Path:
     """gpt-oss layout: gate_up_proj [E, H, 2I] -> gate_up_proj_blocks [E, 2I, H/32, 16] + _scales, via torchao."""
     dst.mkdir(parents=True, exist_ok=True)
@@ -163,8 +149,8 @@ def write_gpt_oss_mxfp4(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_gpt_oss_mxfp4_checkpoint_through_the_generic_loader(tmp_path):
-    dense = gpt_oss_checkpoint(tmp_path / "oss")
+def test_gpt_oss_mxfp4_checkpoint_through_the_generic_loader(tiny_ckpt, tmp_path):
+    dense, _ = tiny_ckpt("gpt_oss", num_hidden_layers=2, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2)
     native = write_gpt_oss_mxfp4(dense, tmp_path / "oss-mxfp4")
     stored = engine(native)
     assert expert_formats(stored) == {"mxfp4"}
@@ -196,6 +182,7 @@ def test_float32_checkpoint_computes_in_float32_on_the_dequantized_weights(tiny,
     assert (out.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
 
 
+@pytest.mark.slow  # `moemesh run` as a process
 def test_moemesh_run_experts_dtype_flag(tiny):
     import subprocess
     import sys

@@ -17,8 +17,8 @@ import grpc
 from moemesh.launcher.child import Child, stop_all
 from moemesh.launcher.health import wait_serving
 from moemesh.rpc.generation import build_request
-from tests.e2e.helpers import gen_grpc, start_service
 from tests.fixtures.auth import TEST_RPC, token_env
+from tests.fixtures.services import gen_grpc, start_service
 
 
 def ctl(control: str, *args: str) -> dict:

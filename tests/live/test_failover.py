@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import run_json
+from tests.fixtures.services import run_json
 from tests.live.mesh import LiveMesh, Workload, ctl, placement_servers
 
 PROMPTS = [[9 + i, 60 + 5 * i, 200 + i, 3] for i in range(6)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import run_json
+from tests.fixtures.services import run_json
 from tests.live.mesh import LiveMesh, Workload, ctl, placement_servers
 
 PROMPTS = [[5 + i, 40 + 3 * i, 100 + i, 7] for i in range(6)]
@@ -58,7 +58,10 @@ def test_rebalance_raises_balancedness_and_keeps_greedy_outputs(mesh, greedy):
     warm.stop()
     assert_all_equal(warm, greedy)
     before = mesh.wait_for(lambda st: int(st["window_tokens"]) > 200, 10, "load reports")
-    w, resp = run_during(mesh, lambda: ctl(mesh.control, "rebalance"))
+    # --force: whether the switch pays on this tiny model depends on the machine's timings (the cost
+    # model's decision is tested in tests/control_svc/test_cost_model.py); here: a switch under load
+    # fails no request and changes no greedy output
+    w, resp = run_during(mesh, lambda: ctl(mesh.control, "rebalance", "--force"))
     print(f"\nrebalance: balancedness {resp['balancedness_before']:.3f} -> {resp['balancedness_after']:.3f}, "
           f"{resp['moves']} copies moved, placement v{before['placement_version']} -> v{resp['placement_version']}, "
           f"{len(w.results)} requests during it, {len(w.errors)} failed")
@@ -69,8 +72,10 @@ def test_rebalance_raises_balancedness_and_keeps_greedy_outputs(mesh, greedy):
     after = mesh.status()
     assert int(after["placement_version"]) > int(before["placement_version"])
     assert after["replicas"][0]["adopted_version"] == after["placement_version"]
-    hot = [e for layer in after["placement"]["layers"] for i, e in enumerate(layer["experts"]) if i in (0, 2)]
-    assert all(len(e["server_ids"]) == 2 for e in hot)  # the hot experts were replicated
+    for layer in after["placement"]["layers"]:  # the hot experts no longer share one server alone (moved or replicated)
+        owners = [set(layer["experts"][e]["server_ids"]) for e in (0, 2)]
+        assert owners[0] != owners[1] or len(owners[0]) == 2
+    assert resp["step_ms_before"] > 0 and resp["step_ms_after"] > 0  # the plan was priced
 
 
 def test_set_top_k_takes_effect_for_all_layers_without_restart(mesh, greedy, skewed_model):

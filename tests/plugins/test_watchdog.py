@@ -4,6 +4,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 HANGS = """
@@ -32,6 +34,7 @@ def run_pytest(tmp_path: Path, source: str) -> tuple[subprocess.CompletedProcess
     return proc, time.monotonic() - t0
 
 
+@pytest.mark.slow  # pytest as a process
 def test_a_test_stuck_past_its_timeout_dumps_stacks_and_ends_the_run(tmp_path):
     proc, took = run_pytest(tmp_path, HANGS)
     assert proc.returncode != 0
@@ -40,6 +43,7 @@ def test_a_test_stuck_past_its_timeout_dumps_stacks_and_ends_the_run(tmp_path):
     assert "Timeout" in proc.stderr
 
 
+@pytest.mark.slow  # pytest as a process
 def test_quick_tests_are_not_disturbed(tmp_path):
     proc, _ = run_pytest(tmp_path, QUICK)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -129,7 +129,8 @@ inline void decode(const D& d, const Row& row, int64_t c, int valid, F* w) {
 
 // Prefetch distance within a row where rows are decoded one at a time (the buffered tiles); the
 // register tiles prefetch the same chunk of the next tile's rows (NR rows further on), which keeps
-// enough requests in flight for DRAM (measured: ~1.4x over prefetching 8 chunks ahead in the row).
+// enough requests in flight for DRAM (decode streams faster than prefetching 8 chunks ahead in the
+// row: docs/benchmarks.md).
 constexpr int64_t PREFETCH_CHUNKS = 8;
 
 // acc[m][j] += x[m] . row_j over chunk c (`valid` elements real; the last partial chunk is decoded

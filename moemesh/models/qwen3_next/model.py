@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from moemesh.checkpoint import CheckpointReader
-from moemesh.checkpoint.progress import load_progress
+from moemesh.checkpoint.progress import load_layers
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import rope_parameters
@@ -62,11 +62,7 @@ class Qwen3NextForCausalLM:
         self.rope = full_width_table(partial, cfg.head_dim)
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
-        self.layers: list[HybridLayer] = []
-        with load_progress(cfg.num_layers, "loading layers") as bar:
-            for layer in range(cfg.num_layers):
-                self.layers.append(self._load_layer(reader, layer))
-                bar.update(1)
+        self.layers: list[HybridLayer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))
         self.norm = zero_centered(reader.get("model.norm.weight", shape=(h,), dtype=dtype))
         tied = cfg.tie_word_embeddings or not reader.has("lm_head.weight")
         self.lm_head = self.embed if tied else matmul_layout(reader.get("lm_head.weight", shape=(v, h), dtype=dtype))

@@ -41,6 +41,7 @@ def check(results):
     assert len(results["mlp"]) == 2 * len(FORMATS)
 
 
+@pytest.mark.slow  # the Triton interpreter: > 2 s
 def test_interpreted_kernels_match(interpreted):
     check(interpreted)
 

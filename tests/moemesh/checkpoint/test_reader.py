@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from moemesh.checkpoint import CheckpointError, CheckpointReader
-from tests.fixtures.checkpoints import build_model, tiny_config
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
-    model = build_model(tiny_config("mixtral"))
+def sharded(tiny_ckpt, tmp_path_factory):
+    """The tiny Mixtral saved again in shards of at most 100 KB."""
+    _, model = tiny_ckpt("mixtral")
     out = tmp_path_factory.mktemp("sharded")
     model.save_pretrained(out, max_shard_size="100KB")
     return out, model

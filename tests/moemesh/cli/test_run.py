@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
-from tests.fixtures.tokenizers import make_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -23,17 +22,7 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory):
-    """A tiny Mixtral whose vocabulary is the tiny byte-level tokenizer's (512 ids)."""
-    from tests.fixtures.checkpoints import make_tiny_checkpoint
-
-    out = tmp_path_factory.mktemp("chat-mixtral")
-    path, _ = make_tiny_checkpoint("mixtral", out, eos_token_id=2)
-    make_tiny_tokenizer(path, vocab_size=512)
-    return path
-
-
+@pytest.mark.slow  # `moemesh run` as a process
 def test_json_with_prompt_ids_matches_engine(tiny_ckpt):
     path, _ = tiny_ckpt("mixtral")
     proc = run_cli("--model", str(path), "--prompt-ids", "5,17,301,42", "--max-new-tokens", "6", "--json")
@@ -49,19 +38,20 @@ def test_json_with_prompt_ids_matches_engine(tiny_ckpt):
     assert out["prompt_logprobs"][0] is None and out["prompt_logprobs"][1:] == pytest.approx(ref.prompt_logprobs[1:], abs=1e-6)
 
 
-def test_chat_prompt_streams_text_and_json_agrees(chat_model):
-    proc = run_cli("--model", str(chat_model), "--prompt", "Hello there", "--max-new-tokens", "8", "--json")
+@pytest.mark.slow  # `moemesh run` as a process
+def test_chat_prompt_streams_text_and_json_agrees(tiny_model_dir):
+    proc = run_cli("--model", str(tiny_model_dir), "--prompt", "Hello there", "--max-new-tokens", "8", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     from moemesh.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_model_dir(chat_model)
+    tok = Tokenizer.from_model_dir(tiny_model_dir)
     templated = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], add_generation_prompt=True)
     assert out["prompt_token_ids"] == tok.encode(templated, add_special_tokens=False)
     assert out["text"] == tok.decode(out["token_ids"])
-    raw = json.loads(run_cli("--model", str(chat_model), "--prompt", "Hello there", "--raw-prompt", "--max-new-tokens", "2", "--json").stdout)
+    raw = json.loads(run_cli("--model", str(tiny_model_dir), "--prompt", "Hello there", "--raw-prompt", "--max-new-tokens", "2", "--json").stdout)
     assert raw["prompt_token_ids"] == tok.encode("Hello there")
-    streamed = run_cli("--model", str(chat_model), "--prompt", "Hello there", "--max-new-tokens", "8")
+    streamed = run_cli("--model", str(tiny_model_dir), "--prompt", "Hello there", "--max-new-tokens", "8")
     assert streamed.returncode == 0 and streamed.stdout.rstrip("\n") == out["text"]
 
 
@@ -78,6 +68,7 @@ def test_chat_prompt_streams_text_and_json_agrees(chat_model):
         (["--prompt-ids", "1,2", "--device", "gpu"], "device"),
     ],
 )
+@pytest.mark.slow  # `moemesh run` as a process
 def test_bad_input_is_one_clear_line(tiny_ckpt, args, needle):
     path, _ = tiny_ckpt("mixtral")
     full = args if "--model" in args else ["--model", str(path), *args]
@@ -88,6 +79,7 @@ def test_bad_input_is_one_clear_line(tiny_ckpt, args, needle):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # `moemesh run` as a process
 def test_unknown_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"]}))
     proc = run_cli("--model", str(tmp_path), "--prompt-ids", "1")

@@ -4,9 +4,6 @@ import pytest
 import torch
 
 from moemesh.demo_model import build_demo_model
-from tests.fixtures.checkpoints import build_model, tiny_config
-from tests.fixtures.tokenizers import make_tiny_tokenizer
-from tests.moemesh.demo_model.tiny_gguf import write_tiny_llama_gguf
 
 
 @pytest.fixture(scope="session")
@@ -20,19 +17,3 @@ def demo_mixtral(demo_dir):
     import transformers
 
     return transformers.MixtralForCausalLM.from_pretrained(str(demo_dir), dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="session")
-def tiny_gguf(tmp_path_factory):
-    """(gguf path, reference LlamaForCausalLM, tokenizer dir) for a tiny random llama written as GGUF."""
-    root = tmp_path_factory.mktemp("tiny_gguf")
-    tok_dir = make_tiny_tokenizer(root / "tok")
-    model = build_model(tiny_config("llama"))
-    path = write_tiny_llama_gguf(model, tok_dir, root / "tiny.gguf", embd_qtype="Q8_0")
-    # The reference sees the embedding the GGUF really holds (Q8_0 round trip).
-    import gguf
-
-    q = gguf.quants.quantize(model.model.embed_tokens.weight.detach().numpy(), gguf.GGMLQuantizationType.Q8_0)
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(torch.from_numpy(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)))
-    return path, model, tok_dir

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from moemesh.demo_model import build_demo_model, is_complete
 from moemesh.demo_model.gguf_source import permute_rope_rows, unpermute_rope_rows
 from moemesh.tokenizer import Tokenizer
-from tests.moemesh.demo_model.tiny_gguf import llamacpp_permute
+from tests.fixtures.tiny_gguf import llamacpp_permute
 
 TEXTS = ["Hello world", "The capital of France is Paris.", "东京 😀 Café", "<|im_start|>user\nhi<|im_end|>"]
 

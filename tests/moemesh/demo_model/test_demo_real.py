@@ -11,6 +11,8 @@ from moemesh.demo_model import find_demo_gguf, merge_experts
 from moemesh.demo_model.gguf_source import GgufLlama
 from moemesh.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # the real demo model (135M parameters), built and run
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 LAYERS, EXPERTS, HIDDEN, PER_EXPERT = 30, 8, 576, 192
 

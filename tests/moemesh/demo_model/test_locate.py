@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from moemesh.demo_model import default_demo_dir, ensure_demo_model, find_demo_gguf
 
 
@@ -20,6 +22,7 @@ def test_find_demo_gguf():
         assert f.read(4) == b"GGUF"
 
 
+@pytest.mark.slow  # builds the real demo model
 def test_ensure_demo_model_reuses_a_built_model(demo_dir, monkeypatch):
     monkeypatch.setenv("MOEMESH_HOME", str(demo_dir.parent))
     messages: list[str] = []

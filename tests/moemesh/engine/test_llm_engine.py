@@ -223,3 +223,13 @@ def test_the_packed_expert_copy_is_built_by_default_only_when_every_token_goes_t
     assert sparse_engine.experts.layers[0].concatenated is None
     sparse_engine.set_moe_knobs(top_k=4)  # a live top-k change to E still runs (through moe_mlp)
     assert sparse_engine.generate(PROMPTS, GREEDY)
+
+
+def test_the_all_experts_path_is_a_config_switch_with_the_same_results(tiny_ckpt):
+    path, _ = tiny_ckpt("mixtral", num_experts_per_tok=4, num_local_experts=4)  # every token to every expert
+    on, off = engine(path), engine(path, all_experts_path=False)
+    assert on.experts.layers[0].concatenated is not None and off.experts.layers[0].concatenated is None
+    a, b = on.generate(PROMPTS, GREEDY), off.generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=0)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import sys
 import threading
 
+import pytest
+
 from moemesh.launcher.child import Child, stop_all
 from moemesh.launcher.mesh import Mesh, MeshSpec, RestartPolicy
 
 
+@pytest.mark.slow  # children restarted with backoff: > 2 s
 def test_restarts_with_backoff_then_gives_up(tmp_path):
     mesh = Mesh(MeshSpec(model_dir="/m"), tmp_path)
     flaky = [sys.executable, "-c", "import sys; print('flaky run', flush=True); sys.exit(3)"]

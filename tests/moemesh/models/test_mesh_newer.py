@@ -20,7 +20,7 @@ import pytest
 from moemesh.launcher.mesh import Mesh, MeshSpec
 from moemesh.rpc.generation import Completion, build_request
 from moemesh.tokenizer import Tokenizer
-from tests.e2e.helpers import gen_grpc
+from tests.fixtures.services import gen_grpc
 from tests.fixtures.tokenizers import make_tiny_tokenizer
 from tests.moemesh.models.arch.reference import assert_logprobs_close
 from tests.moemesh.models.tiny_families import GREEDY_TOKENS, PROMPTS

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
-from tests.moemesh.reference import hf_greedy, hf_prompt_logprobs
+from tests.fixtures.reference import hf_greedy, hf_prompt_logprobs
 
 PROMPT = [5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11, 400]
 NEW_TOKENS = 32

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from tests.fixtures.checkpoints import build_model
-from tests.moemesh.models.arch.reference import COMMON, YARN_DEEPSEEK, greedy, prompt_logprobs
+from tests.fixtures.checkpoints import FAMILY_COMMON as COMMON
+from tests.fixtures.checkpoints import YARN_DEEPSEEK, build_model
+from tests.moemesh.models.arch.reference import greedy, prompt_logprobs
 
 # the third prompt (70 tokens) is longer than every DSA variant's index_topk (so the indexer selects) and
 # than the delta rule's chunk of 64 (so a prefill scans two chunks)
@@ -87,7 +88,7 @@ def tiny_config(name: str):
     import transformers as tf
 
     if name in MULTIMODAL:
-        from tests.moemesh.models.arch.reference import tiny_config as tiny_arch_config
+        from tests.fixtures.checkpoints import tiny_config as tiny_arch_config
 
         cls_name, _, text_name, vision, overrides = MULTIMODAL[name]
         text = (tiny_arch_config(text_name) if text_name == "deepseek_v3" else tiny_config(text_name)).to_dict()

@@ -47,3 +47,12 @@ def test_bad_requests(tiny_ckpt):
         load_expert_weights(reader, cfg, 0, [0], torch.float32)
     with pytest.raises(ValueError, match="expert_ids"):
         load_expert_weights(reader, cfg, 1, [], torch.float32)
+
+
+@pytest.mark.parametrize("ids", [[16], [-1], []])
+def test_bad_expert_ids_of_a_gpt_oss_layer(tiny_ckpt, ids):
+    """The ids are checked once, before the gpt-oss loader is chosen."""
+    path, _ = tiny_ckpt("gpt_oss")
+    cfg, reader = load_model_config(path), CheckpointReader(path)
+    with pytest.raises(ValueError, match="expert_ids"):
+        load_expert_weights(reader, cfg, 0, ids, torch.float32)

@@ -1,8 +1,9 @@
-"""Tiny transformers checkpoints, built once per session: (path, transformers model)."""
+"""The families' variants (tiny checkpoints from tests/fixtures/checkpoints.py) with their transformers
+outputs, and natively quantized copies, each built once per session."""
 import pytest
 
 from tests.moemesh.models.arch.native_quant import write_fp8_block, write_mxfp4, write_nvfp4
-from tests.moemesh.models.arch.reference import greedy, make_checkpoint, prompt_logprobs
+from tests.moemesh.models.arch.reference import greedy, prompt_logprobs
 
 PROMPTS = ((5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11), (400, 2, 2, 2, 99))
 GREEDY_TOKENS = 32
@@ -21,22 +22,22 @@ VARIANTS = {
 }
 
 
-def build_variant(name: str, tmp_path_factory):
+def build_variant(name: str, tiny_ckpt):
     """(path, transformers model, {prompt: (prompt logprobs, greedy continuation)}) for PROMPTS."""
     arch, overrides = VARIANTS[name]
-    path, model = make_checkpoint(arch, tmp_path_factory.mktemp(name), **overrides)
+    path, model = tiny_ckpt(arch, **overrides)
     expected = {p: (prompt_logprobs(model, list(p)), greedy(model, list(p), GREEDY_TOKENS)) for p in PROMPTS}
     return path, model, expected
 
 
 @pytest.fixture(scope="session")
-def build_tiny(tmp_path_factory):
+def build_tiny(tiny_ckpt):
     """name -> build_variant(name), each variant built at most once per session."""
     built = {}
 
     def get(name: str):
         if name not in built:
-            built[name] = build_variant(name, tmp_path_factory)
+            built[name] = build_variant(name, tiny_ckpt)
         return built[name]
 
     return get
@@ -59,7 +60,7 @@ NATIVE = {
 
 
 @pytest.fixture(scope="session")
-def build_native(tmp_path_factory):
+def build_native(tiny_ckpt, tmp_path_factory):
     """format -> (format, quantized dir, dequantized-reference dir, unquantized transformers model,
     unquantized dir), each built at most once per session."""
     built = {}
@@ -68,7 +69,7 @@ def build_native(tmp_path_factory):
         if fmt not in built:
             arch, overrides, writer = NATIVE[fmt]
             root = tmp_path_factory.mktemp(f"native_{fmt}")
-            src, model = make_checkpoint(arch, root / "src", **overrides)
+            src, model = tiny_ckpt(arch, **overrides)
             qdir, deq_dir = writer(src, root / "quantized")
             built[fmt] = (fmt, qdir, deq_dir, model, src)
         return built[fmt]

@@ -8,7 +8,7 @@ from moemesh.config import ConfigError
 from moemesh.models.deepseek_v3.config import GroupedGateConfig, MLAConfig
 from moemesh.models.glm4_moe.config import rotary_dim
 from moemesh.models.registry import parse_model_config
-from tests.moemesh.models.arch.reference import tiny_config
+from tests.fixtures.checkpoints import tiny_config
 
 
 def raw(arch: str, name: str, **overrides) -> dict:

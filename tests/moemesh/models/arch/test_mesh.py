@@ -11,7 +11,7 @@ import torch
 import transformers as tf
 
 from moemesh.launcher.mesh import Mesh, MeshSpec
-from tests.e2e.helpers import generate_json
+from tests.fixtures.services import generate_json
 from tests.fixtures.tokenizers import make_tiny_tokenizer
 from tests.moemesh.models.arch.conftest import GREEDY_TOKENS, PROMPTS
 from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, prompt_logprobs

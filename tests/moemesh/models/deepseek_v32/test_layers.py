@@ -18,7 +18,7 @@ from moemesh.models.deepseek_v32.config import DSAConfig, mla_config
 from moemesh.models.deepseek_v32.indexer import head_weights, index_keys, index_queries, index_scores, select_top_k
 from moemesh.models.deepseek_v32.model import DeepseekV32ForCausalLM
 from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, prefill_meta
-from tests.moemesh.models.arch.reference import YARN_DEEPSEEK
+from tests.fixtures.checkpoints import YARN_DEEPSEEK
 
 TOPK = 5
 N = 14  # tokens: a prefill of 9, then decode steps 9..13

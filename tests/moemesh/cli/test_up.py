@@ -2,6 +2,7 @@
 after a child crashes (then it exits non-zero)."""
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -11,7 +12,9 @@ import time
 import psutil
 import pytest
 
-from tests.e2e.helpers import assert_same_generation, attention_load, generate_json, run_json
+from tests.fixtures.services import assert_same_generation, attention_load, generate_json, run_json
+
+pytestmark = pytest.mark.slow  # `moemesh up` as a process: a mesh of service processes
 
 LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+)$")
 HTTP_LINE = re.compile(r"^moemesh: serving router=(127\.0\.0\.1:\d+) control=(127\.0\.0\.1:\d+) http=(127\.0\.0\.1:\d+)$")
@@ -43,7 +46,7 @@ def spread_over_replicas(router: str, replicas: list[psutil.Process], rpc) -> No
     import grpc
 
     from moemesh.rpc.generation import build_request
-    from tests.e2e.helpers import gen_grpc
+    from tests.fixtures.services import gen_grpc
 
     addresses = [f"127.0.0.1:{p.cmdline()[p.cmdline().index('--port') + 1]}" for p in replicas]
     with grpc.insecure_channel(router) as ch:  # the router's public API: no API key in this mesh
@@ -199,10 +202,39 @@ def test_a_killed_control_plane_is_restarted_and_rebuilds_the_placement_the_mesh
 
 
 def test_up_rejects_bad_flags(tiny_model_dir, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(tiny_model_dir), "--expert-servers", "0"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    assert "--expert-servers must be >= 1" in out.stderr
+    for flags, message in ((["--expert-servers", "0"], "--expert-servers must be >= 1"),
+                           (["--expert-cpu-quota", "-1"], "--expert-cpu-quota must be a number of CPUs > 0")):
+        out = subprocess.run([sys.executable, "-m", "moemesh.cli.main", "up", "--model", str(tiny_model_dir), *flags],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2
+        assert message in out.stderr
+
+
+def test_expert_cpu_quota_gives_each_expert_server_a_budget_of_its_own(tiny_model_dir, tmp_path):
+    from moemesh.launcher.cpu_budget import CpuBudgets
+
+    mode = CpuBudgets.detect().mode
+    proc, router, control = start_up(tiny_model_dir, tmp_path, "--expert-servers", "2", "--expert-cpu-quota", "0.5")
+    try:
+        experts = [c for c in descendants(proc.pid) if "serve" in c.cmdline() and "expert" in c.cmdline()]
+        assert len(experts) == 2
+        for c in experts:  # a budget of half a core runs one torch thread
+            assert c.cmdline()[c.cmdline().index("--num-threads") + 1] == "1"
+        if mode.startswith("cgroup"):
+            groups = [next(line for line in open(f"/proc/{c.pid}/cgroup") if "moemesh-" in line).split(":")[2].strip() for c in experts]
+            assert len(set(groups)) == 2 and all(f"moemesh-{proc.pid}-expert-" in g for g in groups)
+        elif mode == "affinity":
+            assert [c.cpu_affinity() for c in experts] != [sorted(os.sched_getaffinity(0))] * 2
+        args = ["--prompt", "Hello", "--max-new-tokens", "4"]
+        assert_same_generation(generate_json(router, *args), run_json("--model", str(tiny_model_dir), *args))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        err = proc.stderr.read()
+        assert "cpu budget per expert server" in err and "expert-1:" in err
+        if mode.startswith("cgroup"):
+            assert not any(f"moemesh-{proc.pid}-" in p.name for p in CpuBudgets.detect().parent.iterdir())  # removed at stop
+    finally:
+        proc.kill()
 
 
 KEY = "gateway-and-router-key-0123"  # the API key guards both public doors

@@ -10,7 +10,7 @@ import torch
 from moemesh.errors import MeshError
 from moemesh.transport.grpc_transport import GrpcTransport
 from tests.fixtures.auth import TEST_RPC
-from tests.expert_svc.fixtures import all_weights, expected, loop, moe_dir, routed_request, running_expert_servers  # noqa: F401
+from tests.fixtures.expert_servers import all_weights, expected, loop, routed_request, running_expert_servers  # noqa: F401
 
 
 def transport_to(srv, timeout_s=20.0):
@@ -18,9 +18,9 @@ def transport_to(srv, timeout_s=20.0):
     return GrpcTransport(peer, TEST_RPC, timeout_s)
 
 
-def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_end_it(moe_dir, loop):
-    _, weights = all_weights(moe_dir)
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_end_it(tiny_model_dir, loop):
+    _, weights = all_weights(tiny_model_dir)
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         t = transport_to(srv)
         try:
             calls = [routed_request(6 + i, [0, 3, 5], layer=1, seed=i) for i in range(4)]
@@ -37,9 +37,9 @@ def test_calls_in_flight_together_share_one_stream_and_a_failed_call_does_not_en
             t.close()
 
 
-def test_a_call_past_its_deadline_fails_and_the_next_opens_a_new_stream(moe_dir, loop):
-    _, weights = all_weights(moe_dir)
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
+def test_a_call_past_its_deadline_fails_and_the_next_opens_a_new_stream(tiny_model_dir, loop):
+    _, weights = all_weights(tiny_model_dir)
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
         t = transport_to(srv, timeout_s=0.5)
         real = srv.shard.forward
         srv.shard.forward = lambda *a: (time.sleep(1.5), real(*a))[1]
@@ -57,8 +57,8 @@ def test_a_call_past_its_deadline_fails_and_the_next_opens_a_new_stream(moe_dir,
             t.close()
 
 
-def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all") as (srv,):
+def test_a_server_that_goes_away_fails_the_calls_with_unavailable(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all") as (srv,):
         t = transport_to(srv)
         try:
             req = routed_request(5, [2])
@@ -71,8 +71,8 @@ def test_a_server_that_goes_away_fails_the_calls_with_unavailable(moe_dir, loop)
             t.close()
 
 
-def test_close_fails_the_waiting_calls_with_cancelled_and_stops_the_stream(moe_dir, loop):
-    with running_expert_servers(moe_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
+def test_close_fails_the_waiting_calls_with_cancelled_and_stops_the_stream(tiny_model_dir, loop):
+    with running_expert_servers(tiny_model_dir, 1, loop, transport="grpc", preload="all", inline_max_elements=0) as (srv,):
         t = transport_to(srv)
         real = srv.shard.forward
         srv.shard.forward = lambda *a: (time.sleep(1.0), real(*a))[1]

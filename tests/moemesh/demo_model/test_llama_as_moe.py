@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from moemesh.demo_model.split import split_dense_mlp
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
 from tests.fixtures.checkpoints import build_model, tiny_config
-from tests.moemesh.reference import hf_greedy, hf_prompt_logprobs
+from tests.fixtures.reference import hf_greedy, hf_prompt_logprobs
 
 NUM_EXPERTS = 8
 PROMPT = [7, 300, 12, 45, 450, 3, 99, 128, 64]

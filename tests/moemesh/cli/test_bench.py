@@ -5,11 +5,14 @@ import contextlib
 import io
 import json
 
+import pytest
+
 from moemesh.cli.main import main
 from moemesh.launcher.child import stop_all
-from tests.e2e.helpers import start_service
+from tests.fixtures.services import start_service
 
 
+@pytest.mark.slow  # a mesh of service processes
 def test_bench_prints_summaries_ratio_and_plot(tiny_model_dir, tmp_path):
     att, att_addr = start_service("attention", tmp_path, model_dir=tiny_model_dir)
     router, router_addr = start_service("router", tmp_path, attention=att_addr)

@@ -12,15 +12,13 @@ import pytest
 
 from moemesh.cli.main import main
 from tests.fixtures.auth import TEST_TOKEN, token_env
-from tests.fixtures.checkpoints import make_tiny_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path, _ = make_tiny_checkpoint("mixtral", tmp_path_factory.mktemp("tiny-mixtral"))
-    return path
+def model(tiny_ckpt):
+    return tiny_ckpt("mixtral")[0]
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +233,7 @@ def test_a_mesh_that_cannot_be_reached_is_one_line_status_1(capsys):
     (["serve", "control", "--model-dir", "{missing}"], "{missing}"),
     (["serve", "router", "--attention", "127.0.0.1:1", "--connect-timeout-s", "1"], "replica 127.0.0.1:1"),
 ])
+@pytest.mark.slow  # a service as a process
 def test_a_service_that_cannot_start_says_why_in_one_line(tmp_path, broken, argv, needle):
     subs = {"missing": str(tmp_path / "missing"), "list": str(broken["list"])}
     argv = [a.format(**subs) for a in argv]

@@ -3,7 +3,7 @@ import sys
 import pytest
 
 from moemesh.telemetry import GpuTelemetry
-from tests.telemetry.fake_nvml import FakeNvml
+from tests.moemesh.telemetry.fake_nvml import FakeNvml
 
 
 def test_reads_a_fake_gpu():

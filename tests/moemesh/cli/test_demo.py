@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.slow  # `moemesh demo` as a process: the demo model and a mesh
 
 
 def test_demo_streams_an_answer_and_leaves_nothing_running():

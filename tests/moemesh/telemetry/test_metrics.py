@@ -7,7 +7,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from moemesh.telemetry import ExpertLoadCounter, GpuTelemetry, ServiceMetrics
-from tests.telemetry.fake_nvml import FakeNvml
+from tests.moemesh.telemetry.fake_nvml import FakeNvml
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple], float]:

@@ -10,7 +10,7 @@ from moemesh.engine.kv_cache import KVCache
 from moemesh.models.glm4_moe.attention import GlmAttention
 from moemesh.models.glm4_moe.partial_rope import head_permutation
 from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta
-from tests.moemesh.models.arch.reference import tiny_config
+from tests.fixtures.checkpoints import tiny_config
 
 
 @pytest.mark.parametrize("head_dim, rotary_dim", [(16, 8), (16, 4), (16, 16), (128, 64), (10, 6)])

@@ -14,13 +14,13 @@ from control_svc.server import create_server
 from moemesh.contracts.placement import Placement
 from moemesh.transport.dist_transport import open_transport
 from tests.fixtures.auth import TEST_RPC
-from tests.expert_svc.fixtures import all_weights, plan_expected, routed_plan, running_expert_servers
+from tests.fixtures.expert_servers import all_weights, plan_expected, routed_plan, running_expert_servers
 
 
 @contextmanager
-def running_control(moe_dir, loop):
+def running_control(tiny_model_dir, loop):
     """A started control plane expecting two expert servers (heartbeats every 0.1 s)."""
-    cfg = ControlConfig(model_dir=str(moe_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0, rpc=TEST_RPC)
+    cfg = ControlConfig(model_dir=str(tiny_model_dir), expected_expert_servers=2, heartbeat_interval_s=0.1, dead_after_s=5.0, rpc=TEST_RPC)
     control, _ = loop.run(create_server(cfg), 30)
     loop.run(control.start(), 30)
     try:
@@ -46,10 +46,10 @@ def close(loop, follower: ControlFollower, remote: RemoteExperts) -> None:
     remote.close()
 
 
-def test_initial_placement_then_live_switch(moe_dir, loop):
-    cfg, weights = all_weights(moe_dir)
-    with running_control(moe_dir, loop) as control:
-        with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
+def test_initial_placement_then_live_switch(tiny_model_dir, loop):
+    cfg, weights = all_weights(tiny_model_dir)
+    with running_control(tiny_model_dir, loop) as control:
+        with running_expert_servers(tiny_model_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
             agents = [p.agent for p in experts]
 
             follower, remote = follow(loop, control.address, "auto")
@@ -76,16 +76,16 @@ def test_initial_placement_then_live_switch(moe_dir, loop):
             close(loop, follower, remote)
 
 
-def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
+def test_draining_a_server_under_load_fails_no_request(tiny_model_dir, loop):
     """SIGTERM's drain path: the control plane moves the server's experts to the other one, the
     attention side adopts the new placement between steps, old copies are dropped, and the server
     leaves; requests keep succeeding throughout."""
     import threading
     import time
 
-    cfg, weights = all_weights(moe_dir)
-    with running_control(moe_dir, loop) as control:
-        with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
+    cfg, weights = all_weights(tiny_model_dir)
+    with running_control(tiny_model_dir, loop) as control:
+        with running_expert_servers(tiny_model_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
             agents = [p.agent for p in experts]
 
             follower, remote = follow(loop, control.address, "grpc")
@@ -125,11 +125,11 @@ def test_draining_a_server_under_load_fails_no_request(moe_dir, loop):
             close(loop, follower, remote)
 
 
-def test_drain_does_not_wait_for_a_move_that_failed(moe_dir, loop):
+def test_drain_does_not_wait_for_a_move_that_failed(tiny_model_dir, loop):
     import time
 
-    with running_control(moe_dir, loop) as control:
-        with running_expert_servers(moe_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
+    with running_control(tiny_model_dir, loop) as control:
+        with running_expert_servers(tiny_model_dir, 2, loop, transport="grpc", control_addr=control.address) as experts:
             agents = [p.agent for p in experts]
             loop.run(control.plane.wait_placed(20), 30)
 

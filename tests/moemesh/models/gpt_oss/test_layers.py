@@ -16,7 +16,7 @@ from moemesh.models.gpt_oss.router import topk_softmax_router
 from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_attention
 from moemesh.models.registry import parse_model_config
 from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta
-from tests.moemesh.models.arch.reference import tiny_config
+from tests.fixtures.checkpoints import tiny_config
 
 
 def randomized(module):

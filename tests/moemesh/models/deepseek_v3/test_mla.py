@@ -12,7 +12,7 @@ from moemesh.models.deepseek_v3.mla import LatentCache, absorbed_decode, expande
 from moemesh.models.deepseek_v3.model import load_mla
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta
-from tests.moemesh.models.arch.reference import tiny_config
+from tests.fixtures.checkpoints import tiny_config
 
 VARIANTS = [{}, dict(q_lora_rank=None, rope_interleave=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4})]
 
