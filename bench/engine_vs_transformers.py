@@ -3,7 +3,7 @@ the weight bytes each step reads, the engine's load time and memory, and every e
 
   python bench/engine_vs_transformers.py [--shape demo|qwen3-sparse|qwen3-sparse-tiny] [--model DIR]
       [--dtypes float32,bfloat16] [--experts-dtypes bf16,fp8,mxfp4,nvfp4] [--new-tokens 32]
-      [--concurrent 16] [--threads 1] [--repeats 2] [--pack-experts auto|on|off] [--no-all-experts-path]
+      [--concurrent 16] [--threads 2] [--repeats 2] [--pack-experts auto|on|off] [--no-all-experts-path]
 
 Checkpoints (`bench/shapes.py`): `demo` is the demo model when built (`moemesh demo-model`), else a
 random checkpoint of its shape (SmolLM2-135M as an 8-expert Mixtral, top-8 of 8: every token to every
@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--concurrent", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides (1: EngineConfig's default)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads for both sides (2, as bench/engine_vs_llamacpp.py gives both its sides, so the figures compare)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--pack-experts", choices=tuple(PACK_CHOICES), default="auto",
                     help="EngineConfig.pack_experts: a oneDNN-packed expert copy (auto: the engine's default)")

@@ -35,8 +35,8 @@ class ExpertServerConfig:
         "help": "with compute_threads 1, a gRPC call whose rows x hidden is at most this (decode-sized) "
                 "is computed on the event loop, saving two thread hand-offs; 0 = always on the compute pool"})
     all_experts_path: bool = field(default=True, metadata={
-        "help": "calls that send every token to every expert held run those experts side by side as two matmuls "
-                "(moe.layer_experts); off, every call runs kernels.moe_mlp"})
+        "help": "for a model whose top-k is its number of experts, calls that send every token to every expert held "
+                "run those experts side by side as two matmuls (moe.layer_experts); off, every call runs kernels.moe_mlp"})
     num_threads: int = field(default=0, metadata={"help": "torch intra-op threads for the expert GEMMs (0 = torch's default: every core)"})
     load_cpu_share: float = field(default=0.1, metadata={
         "help": "while the server serves calls, loading and dropping experts use at most this share of its CPUs "

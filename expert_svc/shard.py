@@ -30,7 +30,7 @@ from moemesh.config import ModelConfig
 from moemesh.errors import MeshError
 from moemesh.models.registry import load_model_config
 from moemesh.moe.expert_loader import load_expert_weights
-from moemesh.moe.layer_experts import LayerExperts, pack_by_default
+from moemesh.moe.layer_experts import LayerExperts, all_experts_path_by_default, pack_by_default
 from moemesh.transport.base import ExpertRequest
 
 
@@ -50,7 +50,9 @@ class ExpertShard:
         """stats: where calls are counted (default: a 60 s load window, no Prometheus metrics).
         pack: hold a oneDNN-packed copy of dense experts for calls that send every token to every
         expert held (None = auto, `pack_by_default`: only for a model whose own top-k is its number
-        of experts). all_experts_path: False runs every call through `kernels.moe_mlp`."""
+        of experts). all_experts_path: False runs every call through `kernels.moe_mlp`; True holds the
+        all-experts layout where it applies (`all_experts_path_by_default`: the model's own top-k is
+        its number of experts)."""
         self.reader = reader
         self.model = model
         self.dtype = dtype
@@ -58,7 +60,7 @@ class ExpertShard:
         self.experts_dtype = experts_dtype
         self.slot_budget = slot_budget
         self.stats = stats or ShardStats(model.moe_layers, model.num_experts)
-        self.all_experts_path = all_experts_path
+        self.all_experts_path = all_experts_path and all_experts_path_by_default(model.top_k, model.num_experts)
         if pack is None:  # at most every expert of every MoE layer, dense in the compute dtype
             most = len(model.moe_layers) * model.num_experts * 3 * model.hidden_size * model.moe_intermediate_size
             pack = pack_by_default(model.top_k, model.num_experts, dtype, device, most * dtype.itemsize)

@@ -1,19 +1,20 @@
 """`CheckpointReader`: reads named tensors from a Hugging Face safetensors checkpoint on demand.
 
-Files are opened with `safetensors.safe_open` (memory-mapped); only requested tensors are read. The
+Files are read with positional reads (`SafetensorsFile`), not memory-mapped, so a weight the model
+copies into another layout is not also held as mapped pages; only requested tensors are read. The
 language model of a multimodal checkpoint is also readable under the causal-LM names (nesting.py).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
-from safetensors import safe_open
 
 from moemesh.checkpoint.errors import CheckpointError
 from moemesh.checkpoint.nesting import language_model_aliases
+from moemesh.checkpoint.safetensors_file import SafetensorsFile, SafetensorsHeaderError, TensorEntry
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -29,7 +30,7 @@ class CheckpointReader:
             raise CheckpointError(f"model directory {str(self.model_dir)!r} does not exist")
         if not (self.model_dir / "config.json").is_file():
             raise CheckpointError(f"config.json not found in {str(self.model_dir)!r}")
-        self._handles: dict[str, Any] = {}  # shard file name -> open safetensors handle
+        self._handles: dict[str, SafetensorsFile] = {}  # shard file name -> its parsed header and open file
         self._weight_map = self._read_weight_map()
         self._stored = language_model_aliases(self._weight_map)  # causal-LM name -> stored name
         self._weight_map.update({alias: self._weight_map[name] for alias, name in self._stored.items()})
@@ -48,15 +49,15 @@ class CheckpointReader:
         single = self.model_dir / SINGLE_FILE
         if not single.is_file():
             raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {str(self.model_dir)!r}")
-        return {name: SINGLE_FILE for name in self._open(SINGLE_FILE).keys()}
+        return {name: SINGLE_FILE for name in self._open(SINGLE_FILE).entries}
 
-    def _open(self, shard: str):
+    def _open(self, shard: str) -> SafetensorsFile:
         handle = self._handles.get(shard)
         if handle is None:
             path = self.model_dir / shard
             try:
-                handle = safe_open(str(path), framework="pt", device="cpu")
-            except Exception as e:  # safetensors raises its own error types for bad headers
+                handle = SafetensorsFile(path)
+            except (OSError, SafetensorsHeaderError) as e:
                 raise CheckpointError(f"cannot read safetensors file {str(path)!r} (corrupt header?): {e}") from e
             self._handles[shard] = handle
         return handle
@@ -68,7 +69,7 @@ class CheckpointReader:
         return name in self._weight_map
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._open(self._shard_of(name)).get_slice(self._stored.get(name, name)).get_shape())
+        return self._entry(name).shape
 
     def _shard_of(self, name: str) -> str:
         shard = self._weight_map.get(name)
@@ -76,24 +77,49 @@ class CheckpointReader:
             raise CheckpointError(f"tensor {name!r} not found in checkpoint {str(self.model_dir)!r}")
         return shard
 
-    def get(self, name: str, shape: Iterable[int] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The tensor `name`, checked against `shape` when given, cast to `dtype` when given."""
+    def _entry(self, name: str) -> TensorEntry:
         shard = self._shard_of(name)
+        entry = self._open(shard).entries.get(self._stored.get(name, name))
+        if entry is None:
+            raise CheckpointError(f"tensor {name!r} is in the index but not in its shard {shard!r}")
+        return entry
+
+    def get(self, name: str, shape: Iterable[int] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor `name` (a fresh CPU tensor), checked against `shape` when given, cast to `dtype` when given."""
+        self._check(name, shape, dtype)
+        t = self._read(name)
+        return t if dtype is None or t.dtype == dtype else t.to(dtype)
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Copies tensor `name` into `out` (its shape must be the tensor's; cast to out's dtype, moved to
+        out's device). A contiguous CPU `out` of the stored dtype is filled straight from the file."""
+        self._check(name, out.shape, out.dtype)
+        shard = self._shard_of(name)
+        if out.dtype == self._entry(name).dtype and out.device.type == "cpu" and out.is_contiguous():
+            try:
+                self._open(shard).read_into(self._stored.get(name, name), out)
+            except OSError as e:
+                raise CheckpointError(f"cannot read tensor {name!r} from {shard!r} (corrupt file?): {e}") from e
+        else:
+            out.copy_(self._read(name))
+
+    def _check(self, name: str, shape: Iterable[int] | None, dtype: torch.dtype | None) -> None:
+        entry = self._entry(name)
         if shape is not None:
             expected = tuple(int(s) for s in shape)
-            got = self.shape(name)
-            if got != expected:
-                raise CheckpointError(f"tensor {name!r} has shape {list(got)}, expected {list(expected)}")
-        try:
-            t = self._open(shard).get_tensor(self._stored.get(name, name))
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise CheckpointError(f"cannot read tensor {name!r} from {shard!r} (corrupt file?): {e}") from e
-        if dtype is not None and t.dtype != dtype and t.dtype in SCALED_DTYPES:
+            if entry.shape != expected:
+                raise CheckpointError(f"tensor {name!r} has shape {list(entry.shape)}, expected {list(expected)}")
+        if dtype is not None and entry.dtype != dtype and entry.dtype in SCALED_DTYPES:
             # an FP8 value means nothing without its scale; fp8_dequant reads the scaled ones as stored
             raise CheckpointError(
-                f"tensor {name!r} is stored as {t.dtype} and read as {dtype} with no scale; the checkpoint's "
+                f"tensor {name!r} is stored as {entry.dtype} and read as {dtype} with no scale; the checkpoint's "
                 "quantization_config does not declare the format that holds its scale"
             )
-        return t if dtype is None or t.dtype == dtype else t.to(dtype)
+
+    def _read(self, name: str) -> torch.Tensor:
+        shard = self._shard_of(name)
+        self._entry(name)
+        try:
+            return self._open(shard).read(self._stored.get(name, name))
+        except OSError as e:
+            raise CheckpointError(f"cannot read tensor {name!r} from {shard!r} (corrupt file?): {e}") from e

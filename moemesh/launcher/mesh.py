@@ -70,8 +70,8 @@ class MeshSpec:
         "help": "tokens per attention step: decodes first, then prompt chunks (0 = the replicas' default); smaller keeps "
                 "streams flowing while long prompts prefill", "metavar": "N"})
     all_experts_path: bool = field(default=True, metadata={
-        "help": "expert servers run calls that send every token to every expert held as two matmuls over those experts "
-                "side by side; off, every call runs kernels.moe_mlp"})
+        "help": "for a model whose top-k is its number of experts, expert servers run calls that send every token to "
+                "every expert held as two matmuls over those experts side by side; off, every call runs kernels.moe_mlp"})
     api_key: str = field(default="", metadata={
         "help": "the public API key: clients of the router (`authorization: Bearer KEY`) and of the gateway "
                 "(`Authorization: Bearer KEY` or `x-api-key: KEY`) must send it (empty = none)",

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels.cpu.linear_cpu import holds_plain, linear_cpu, linear_cpu_runs
+
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x [..., D] -> [..., D]; normalizes in float32, scales in x.dtype (as transformers does).
@@ -66,6 +68,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
     """w [out, in] -> the same values held as suits `linear(x, w)` best on the CPU:
+    - float32 with one torch thread where the compiled CPU kernels run: plain [out, in] contiguous,
+      which they stream at decode sizes (`kernels.cpu.linear_cpu`; faster than [in, out] for MKL);
     - packed by oneDNN (`packed_for_linear`) where that applies: bfloat16 always, float32 when torch
       runs 2 or more intra-op threads (only `linear` can use a packed tensor, so pack=False where the
       tensor is also indexed);
@@ -74,6 +78,8 @@ def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
     - anything else is returned as is."""
     if w.device.type != "cpu" or w.dim() != 2:
         return w
+    if holds_plain(w.dtype, w.device):
+        return w.contiguous()
     packed = packed_for_linear(w) if pack else None
     if packed is not None:
         return packed
@@ -101,9 +107,12 @@ def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
-    """x [T, in] @ w[out, in].t() -> [T, out], for a plain w or one packed by `packed_for_linear`."""
+    """x [T, in] @ w[out, in].t() -> [T, out], for a plain w or one packed by `packed_for_linear`; on the
+    compiled CPU kernels at decode sizes (`linear_cpu_runs`)."""
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], "")
+    if linear_cpu_runs(x, w):
+        return linear_cpu(x, w)
     return x @ w.t()
 
 

@@ -184,9 +184,9 @@ def load_expert_weights(
     down = torch.empty(len(ids), hidden, inter, dtype=dtype)  # [E, H, I]
     for i, e in enumerate(ids):
         g, u, d = layout.names(layer, e)
-        gate_up[i, :inter] = reader.get(g, shape=(inter, hidden))
-        gate_up[i, inter:] = reader.get(u, shape=(inter, hidden))
-        down[i] = reader.get(d, shape=(hidden, inter))
+        reader.read_into(g, gate_up[i, :inter])  # straight from the file into place: no second copy
+        reader.read_into(u, gate_up[i, inter:])
+        reader.read_into(d, down[i])
     w = ExpertWeights(gate_up=gate_up, down=down)
     if experts_dtype is not None:
         w = prepare_experts(w, experts_dtype, dtype)

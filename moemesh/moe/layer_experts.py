@@ -94,6 +94,14 @@ def routes_every_token(num_tokens: int, token_idx: Tensor, expert_idx: Tensor, c
     return bool((token_idx.view(g, num_tokens) == tokens).all())
 
 
+def all_experts_path_by_default(top_k: int, num_experts: int) -> bool:
+    """Whether to hold the all-experts layout when not told: only for a model whose own top-k routes
+    every token to every expert. A sparse model's calls never take that path, and the layout changes
+    how the per-expert weights are held for `moe_mlp` (float32 [in, out], which the compiled CPU
+    kernels do not read; bfloat16 down [H, E*I], each expert's rows E*I apart instead of contiguous)."""
+    return top_k == num_experts
+
+
 def pack_by_default(top_k: int, num_experts: int, dtype: torch.dtype, device: torch.device, copy_bytes: int) -> bool:
     """Whether to hold the packed copy of the concatenated experts when not told: only for a model
     whose own top-k routes every token to every expert (a sparse model never takes that path, and the

@@ -16,7 +16,7 @@ from moemesh.config import ModelConfig
 from moemesh.moe.dispatch import DispatchPlan
 from moemesh.moe.expert_compute import completed
 from moemesh.moe.expert_loader import load_expert_weights
-from moemesh.moe.layer_experts import LayerExperts, pack_by_default
+from moemesh.moe.layer_experts import LayerExperts, all_experts_path_by_default, pack_by_default
 
 
 class LocalExperts:
@@ -34,8 +34,11 @@ class LocalExperts:
         pack: also hold a oneDNN-packed copy of the concatenated experts for calls that route every
         token to every expert (CPU: bfloat16, or float32 with >= 2 torch threads; a second copy of the
         weights); None = auto (`pack_by_default`: only when the model's own top-k is its number of
-        experts). all_experts_path: False runs every call through `kernels.moe_mlp` (see `LayerExperts`)."""
+        experts). all_experts_path: False runs every call through `kernels.moe_mlp` (see `LayerExperts`);
+        True holds the all-experts layout where it applies (`all_experts_path_by_default`: the model's
+        own top-k is its number of experts)."""
         experts = list(range(cfg.num_experts))
+        all_experts_path = all_experts_path and all_experts_path_by_default(cfg.top_k, cfg.num_experts)
         layers = {}
         with load_progress(len(cfg.moe_layers), "loading experts") as bar:
             for layer in cfg.moe_layers:

@@ -12,7 +12,7 @@ def test_engine_vs_transformers_defaults_and_lists():
     cfg = engine_vs_transformers.parse_args([])
     assert cfg.shape == "demo" and cfg.model is None
     assert cfg.dtypes == ("float32", "bfloat16") and cfg.experts_dtypes == ("bf16", "fp8", "mxfp4", "nvfp4")
-    assert (cfg.concurrent, cfg.threads, cfg.pack_experts, cfg.all_experts_path) == (16, 1, None, True)
+    assert (cfg.concurrent, cfg.threads, cfg.pack_experts, cfg.all_experts_path) == (16, 2, None, True)  # 2 threads, as the llama.cpp anchor
     assert engine_vs_transformers.parse_args(["--no-all-experts-path"]).all_experts_path is False
     cfg = engine_vs_transformers.parse_args(["--shape", "qwen3-sparse", "--dtypes", "bfloat16", "--experts-dtypes", "",
                                              "--pack-experts", "off", "--new-tokens", "8"])

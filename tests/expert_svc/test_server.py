@@ -60,7 +60,7 @@ def test_unknown_expert_is_failed_precondition_and_live_load_drop(tiny_model_dir
         held = call(loop, srv.port, "LoadExperts", expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[4, 5, 6])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 5, 6])]
         (a,) = stream(loop, srv.port, [request_message(req)])
-        torch.testing.assert_close(decode(a.y), expected(req, weights[1]))  # float32 rounding: held [in, out]
+        torch.testing.assert_close(decode(a.y), expected(req, weights[1]))  # float32 rounding: a subset of the experts held
         held = call(loop, srv.port, "DropExperts", expert_pb2.DropExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[5])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 6])]
         (a,) = stream(loop, srv.port, [request_message(req)])
@@ -133,8 +133,10 @@ def test_unexpected_failure_is_internal_and_the_server_keeps_serving(tiny_model_
         assert a.error_code == grpc.StatusCode.INTERNAL.value[0] and "KeyError" in a.error
 
 
-def test_the_all_experts_path_follows_the_config(tiny_model_dir, loop):
-    for flag in (True, False):
-        with running_expert_servers(tiny_model_dir, 1, loop, preload="all", transport="grpc", all_experts_path=flag) as (srv,):
-            assert srv.shard.all_experts_path is flag
-            assert all((srv.shard._layers[layer].concatenated is not None) is flag for layer in srv.shard.held())
+def test_the_all_experts_path_follows_the_config(tiny_ckpt, tiny_model_dir, loop):
+    every = tiny_ckpt("mixtral", num_experts_per_tok=4, num_local_experts=4)[0]  # top-k == E
+    for model_dir, applies in ((every, True), (tiny_model_dir, False)):  # a sparse model: never held
+        for flag in (True, False):
+            with running_expert_servers(model_dir, 1, loop, preload="all", transport="grpc", all_experts_path=flag) as (srv,):
+                assert srv.shard.all_experts_path is (flag and applies)
+                assert all((srv.shard._layers[layer].concatenated is not None) is (flag and applies) for layer in srv.shard.held())

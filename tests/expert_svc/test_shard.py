@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from expert_svc.shard import ExpertShard
+from moemesh.checkpoint import CheckpointReader
 from moemesh.errors import MeshError
 from tests.fixtures.expert_servers import all_weights, expected, routed_request
 
@@ -40,7 +41,9 @@ def test_every_token_to_every_held_expert_takes_the_side_by_side_path_and_equals
     side_by_side, real = [], ConcatenatedExperts.mlp
     monkeypatch.setattr(ConcatenatedExperts, "mlp", lambda self, *a: (side_by_side.append(1), real(self, *a))[1])
     cfg, weights = all_weights(tiny_model_dir)
-    shard = make_shard(tiny_model_dir)
+    assert make_shard(tiny_model_dir).all_experts_path is False  # a sparse model: the layout never applies
+    every = dataclasses.replace(cfg, top_k=cfg.num_experts)  # as for a model whose top-k is its number of experts
+    shard = ExpertShard(CheckpointReader(tiny_model_dir), every, cfg.dtype, torch.device("cpu"))
     shard.load(0, [1, 4, 6])
     req = routed_request(6, [4, 1, 6], top_k=3)  # every token to each held expert, named out of order
     assert req.counts.tolist() == [6, 6, 6]
@@ -76,7 +79,7 @@ def test_live_load_and_drop_keep_results_exact(tiny_model_dir):
     at_once = make_shard(tiny_model_dir)
     at_once.load(0, [2, 7])
     torch.testing.assert_close(got, at_once.forward(req), rtol=0, atol=0)  # loaded live == at once
-    torch.testing.assert_close(got, expected(req, weights[0]))  # float32 rounding: held [in, out]
+    torch.testing.assert_close(got, expected(req, weights[0]))  # float32 rounding: a subset of the experts held
     assert shard.drop(0, [2, 4]) == (7,)
     with pytest.raises(MeshError):
         shard.forward(req)

@@ -13,10 +13,12 @@
 // float32, which meet the activations in fused multiply-adds with float32 accumulators. The packed
 // E2M1 formats decode the low and high nibbles of the same bytes into separate vectors (even and
 // odd elements); the activations are laid out to match (api.h: prepare_row). Up to MR rows run
-// straight on the decoded registers; more rows first decode an NR-row tile into a cache-resident
-// float32 buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
+// straight on the decoded registers (dense weights one row at a time, `stream_rows`; the quantized
+// formats NR rows at a time); more rows first decode an NR-row tile into a cache-resident float32
+// buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace moemesh_cpu {
 namespace MOEMESH_ISA {
@@ -173,10 +175,82 @@ void micro_rows(const D& d, const Row* rows, int nvalid, const float* x, int64_t
   micro<D, MR>(d, rows, nvalid, x, ldx, k, out, ldo);
 }
 
+// How far ahead the row-streaming kernel prefetches (the rows of a stretch are contiguous, so past a
+// row's end is the next row; the first bytes of the stretch are requested up front): the hardware
+// prefetchers do not ramp up over the short stretches a work item streams (its rows of one expert:
+// 24-64 KiB), so this keeps enough lines in flight to cover DRAM latency (a shorter
+// distance measured slower than the tiles; docs/benchmarks.md).
+constexpr int64_t STREAM_PREFETCH_BYTES = 4096;
+// bfloat16 weights at MR < M <= STREAM_MAX_ROWS rows: blocks of STREAM_BLOCK_ROWS weight rows, each
+// streamed from memory for the first MR activation rows and read again from L2 for the others, in
+// place of decoding float32 tiles into a buffer (float32 weights keep the register tiles, which
+// reuse each loaded weight vector for MR rows and measured faster there).
+constexpr int64_t STREAM_MAX_ROWS = 16;
+constexpr int64_t STREAM_BLOCK_ROWS = 16;
+
+// Dense weights (float32, bfloat16), up to MR activation rows: one weight row at a time, so that the
+// rows [n0, n1) of an expert, contiguous in memory, are read as one sequential stream (the hardware
+// prefetchers and the prefetches below keep it at bandwidth; the NR-row tiles above interleave NR
+// streams). Two chunks per step, VPC accumulators each, keep 2 x VPC independent
+// FMA chains per activation row; the x chunks come from L1.
+template <class D, int MR>
+void stream_rows(const D& d, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t k, float* out, int64_t ldo) {
+  const int64_t full = k / CH;
+  const uint8_t* first = d.row(n0).d;
+  for (int64_t b = 0; b < STREAM_PREFETCH_BYTES; b += 64) __builtin_prefetch(first + b);
+  for (int64_t n = n0; n < n1; ++n) {
+    const Row row = d.row(n);
+    F acc[MR][2 * VPC];
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < 2 * VPC; ++v) acc[m][v] = V::zero();
+    int64_t c = 0;
+    for (; c + 2 <= full; c += 2) {
+      F w[2 * VPC];
+      for (int b = 0; b < 2 * D::CB; b += 64) __builtin_prefetch(row.d + c * D::CB + STREAM_PREFETCH_BYTES + b);
+      d.at(row, c, row.d + c * D::CB, CH, w);
+      d.at(row, c + 1, row.d + (c + 1) * D::CB, CH, w + VPC);
+      for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < 2 * VPC; ++v) acc[m][v] = V::fma(V::load(x + m * ldx + c * CH + v * W), w[v], acc[m][v]);
+    }
+    for (; c * CH < k; ++c) {  // an odd last full chunk, then a partial one (zero-padded copy)
+      const int valid = int(k - c * CH < CH ? k - c * CH : CH);
+      F w[VPC];
+      decode(d, row, c, valid, w);
+      for (int m = 0; m < MR; ++m)
+        for (int v = 0; v < VPC; ++v) acc[m][v] = V::fma(V::load(x + m * ldx + c * CH + v * W), w[v], acc[m][v]);
+    }
+    for (int m = 0; m < MR; ++m) {
+      F s = acc[m][0];
+      for (int v = 1; v < 2 * VPC; ++v) s = V::add(s, acc[m][v]);
+      out[m * ldo + (n - n0)] = V::hsum(s);
+    }
+  }
+}
+
+template <class D, int MR = V::MR>
+void stream_rows_m(const D& d, int64_t n0, int64_t n1, const float* x, int64_t ldx, int64_t k, float* out, int64_t ldo,
+                   int64_t mr) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return stream_rows_m<D, MR - 1>(d, n0, n1, x, ldx, k, out, ldo, mr);
+  }
+  stream_rows<D, MR>(d, n0, n1, x, ldx, k, out, ldo);
+}
+
 template <class D>
 void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx, int64_t k, float* out,
                 int64_t ldo, bool dense_f32) {
   const int64_t kp = padded_k(k);
+  if constexpr (std::is_same<D, DecF32>::value || std::is_same<D, DecBF16>::value) {
+    if (M <= V::MR) return stream_rows_m(d, n0, n1, x, ldx, k, out, ldo, M);
+    if (std::is_same<D, DecBF16>::value && M <= STREAM_MAX_ROWS) {  // MR rows at a time over a block of rows in L2
+      for (int64_t nb = n0; nb < n1; nb += STREAM_BLOCK_ROWS) {
+        const int64_t ne = nb + STREAM_BLOCK_ROWS < n1 ? nb + STREAM_BLOCK_ROWS : n1;
+        for (int64_t m = 0; m < M; m += V::MR)
+          stream_rows_m(d, nb, ne, x + m * ldx, ldx, k, out + m * ldo + (nb - n0), ldo, M - m < V::MR ? M - m : V::MR);
+      }
+      return;
+    }
+  }
   const bool buffered = M > V::MR && !dense_f32;
   const int64_t per_row = kp / 16 + 16;  // room for the block multipliers of one row
   float* buf = buffered ? static_cast<float*>(std::aligned_alloc(64, sizeof(float) * NR * kp)) : nullptr;

@@ -256,6 +256,45 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   return out;
 }
 
+// x [M, K] float32/bfloat16 contiguous; w [N, K] float32/bfloat16 with unit stride along K ->
+// [M, N] float32 = x @ w.T: a dense matrix (attention, LM head) read once by the same row-streaming
+// and tiled kernels as the experts. Output rows are split over the threads in equal contiguous
+// ranges, so each thread streams its own stretch of w.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::string& variant) {
+  const Isa isa = isa_for(variant);
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.is_contiguous(), "x: expected a contiguous [M, K] tensor");
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: float32 or bfloat16");
+  TORCH_CHECK_VALUE(w.dim() == 2 && w.stride(1) == 1, "w: expected [N, K] with unit stride along K");
+  TORCH_CHECK_VALUE(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "w: float32 or bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK_VALUE(w.size(1) == K, "w: expected ", K, " columns, got ", w.size(1));
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return out;
+  const int fmt = w.scalar_type() == at::kFloat ? FMT_F32 : FMT_BF16;
+  const int64_t kp = padded_k(K);
+  std::vector<float> xp(M * kp), row(K);
+  for (int64_t m = 0; m < M; ++m) {
+    if (x.scalar_type() == at::kBFloat16) {
+      const c10::BFloat16* p = x.data_ptr<c10::BFloat16>() + m * K;
+      for (int64_t i = 0; i < K; ++i) row[i] = float(p[i]);
+    } else {
+      std::copy(x.data_ptr<float>() + m * K, x.data_ptr<float>() + (m + 1) * K, row.begin());
+    }
+    isa.prepare_row(fmt, row.data(), K, xp.data() + m * kp);
+  }
+  Weights wt{};
+  wt.fmt = fmt;
+  wt.data = w.data_ptr();
+  wt.sd_n = w.stride(0);
+  wt.k = K;
+  wt.seg_rows = wt.per_seg = wt.qbn = wt.qbk = 1;
+  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t grain = std::max<int64_t>(16, (N / nt + 15) / 16 * 16);
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { isa.matmul(wt, 0, n0, n1, xp.data(), M, kp, o + n0, N); });
+  return out;
+}
+
 std::vector<std::string> variants() {
   std::vector<std::string> out;
   for (const char* v : {"avx512", "avx2"})
@@ -271,5 +310,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("variants", &moemesh_cpu::variants, "kernel variants this CPU runs, best first");
   // the GIL is released while the kernels run (as torch's own ops do), so other Python threads go on
   m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("linear", &moemesh_cpu::linear, "x @ w.T for a dense float32/bfloat16 w, as float32",
         py::call_guard<py::gil_scoped_release>());
 }

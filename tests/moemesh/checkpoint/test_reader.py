@@ -1,4 +1,6 @@
 import json
+import os
+import struct
 
 import pytest
 import torch
@@ -66,6 +68,40 @@ def test_index_naming_missing_shard(sharded, tmp_path):
     shard = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))[0]
     (tmp_path / shard).unlink()
     with pytest.raises(CheckpointError, match=f"names shard '{shard}', which is missing"):
+        CheckpointReader(tmp_path)
+
+
+def test_read_into_fills_place_and_casts(tiny_ckpt):
+    path, model = tiny_ckpt("mixtral")
+    r = CheckpointReader(path)
+    name = "model.layers.0.block_sparse_moe.experts.1.w1.weight"
+    want = r.get(name)
+    stacked = torch.zeros(2, *want.shape, dtype=want.dtype)
+    r.read_into(name, stacked[1])  # a contiguous slice of a larger tensor, read in place
+    assert torch.equal(stacked[1], want) and not stacked[0].any()
+    as_bf16 = torch.empty(want.shape, dtype=torch.bfloat16)
+    r.read_into(name, as_bf16)
+    assert torch.equal(as_bf16, want.to(torch.bfloat16))
+    with pytest.raises(CheckpointError, match="has shape"):
+        r.read_into(name, torch.empty(want.shape[0] + 1, want.shape[1], dtype=want.dtype))
+
+
+def test_reader_does_not_map_the_files(tiny_ckpt):
+    """Tensors are fresh memory: the checkpoint's files are not mapped, so a weight the model copies
+    into another layout is not held twice (as its copy and as mapped pages)."""
+    path, _ = tiny_ckpt("mixtral")
+    r = CheckpointReader(path)
+    kept = [r.get(n) for n in r.keys()]
+    maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+    assert str(path / "model.safetensors") not in maps
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in kept)
+
+
+def test_header_offsets_outside_the_file_are_corrupt(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    with pytest.raises(CheckpointError, match="corrupt header.*offsets"):
         CheckpointReader(tmp_path)
 
 

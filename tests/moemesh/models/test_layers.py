@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from kernels.cpu.linear_cpu import MAX_ROWS, linear_cpu, linear_cpu_runs
+from kernels.cpu.variant import VARIANT_ENV, available_variants
 from moemesh.models.layers import linear, matmul_layout
 
 
@@ -23,13 +25,43 @@ def test_matmul_layout_keeps_the_products(threads, n):
         torch.testing.assert_close(linear(x.to(dtype), held), x.to(dtype) @ w.t())
 
 
-def test_float32_is_held_in_out_with_one_thread_and_packed_with_two(threads):
+def test_float32_on_the_torch_path_is_held_in_out_with_one_thread_and_packed_with_two(threads, monkeypatch):
+    monkeypatch.setenv(VARIANT_ENV, "torch")
     w = torch.randn(6, 4)
     threads(1)
     assert matmul_layout(w).t().is_contiguous()  # [in, out] for MKL
     threads(2)
     assert matmul_layout(w).is_mkldnn == torch.backends.mkldnn.is_available()
     assert matmul_layout(w, pack=False).t().is_contiguous()  # kept indexable
+
+
+def test_float32_is_held_plain_for_the_compiled_kernels_with_one_thread(threads):
+    if not available_variants():
+        pytest.skip("the compiled CPU kernels do not run here")
+    w = torch.randn(40, 70)
+    threads(2)
+    assert matmul_layout(w).is_mkldnn == torch.backends.mkldnn.is_available()
+    threads(1)
+    held = matmul_layout(w)
+    assert held.is_contiguous() and not held.is_mkldnn
+    for rows in (1, 3, 16, 17):  # up to MAX_ROWS on the compiled kernels, then torch
+        x = torch.randn(rows, 70)
+        assert linear_cpu_runs(x, held) == (rows <= MAX_ROWS[torch.float32])
+        torch.testing.assert_close(linear(x, held), x @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_linear_matches_float64_on_odd_shapes():
+    if not available_variants():
+        pytest.skip("the compiled CPU kernels do not run here")
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, n, k in [(1, 100, 70), (3, 64, 128), (4, 33, 160), (16, 200, 96), (0, 5, 32)]:
+            x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
+            got = linear_cpu(x, w)
+            want = x.double() @ w.double().t()
+            assert got.dtype == dtype and got.shape == (m, n)
+            tol = 1e-5 if dtype == torch.float32 else 1e-2  # bfloat16: the output's own rounding
+            if m:
+                assert (got.double() - want).abs().max().item() <= tol * max(1.0, want.abs().max().item())
 
 
 def test_bfloat16_is_packed_unless_it_must_stay_indexable():

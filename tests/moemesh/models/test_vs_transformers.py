@@ -29,8 +29,9 @@ def run_engine(path, dtype: str = "auto", **cfg):
     return engine.generate([PROMPT], params)[0]
 
 
-# 1 thread: float32 matrices held [in, out] for MKL; 2 threads: packed by oneDNN (the tied LM head as a
-# second, packed copy) and, with pack_experts, the concatenated experts too.
+# 1 thread: float32 matrices held plain [out, in] for the compiled CPU kernels (or [in, out] for MKL
+# where none is built); 2 threads: packed by oneDNN (the tied LM head as a second, packed copy) and,
+# with pack_experts, the concatenated experts too.
 LAYOUTS = {"plain": dict(num_threads=1), "packed": dict(num_threads=2, pack_experts=True)}
 
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -57,8 +59,13 @@ def test_pack_and_the_all_experts_path_are_choices_at_load(tiny_ckpt):
     path, _ = tiny_ckpt("mixtral")  # top-2: a sparse model
     reader, cfg = CheckpointReader(path), load_model_config(path)
     layer = cfg.moe_layers[0]
-    assert LocalExperts.from_checkpoint(reader, cfg, torch.float32).layers[layer].concatenated is not None
-    assert LocalExperts.from_checkpoint(reader, cfg, torch.float32, all_experts_path=False).layers[layer].concatenated is None
+    # a sparse model holds no all-experts layout (its calls never take that path): its experts stay
+    # [E, N, K] contiguous, as the compiled kernels read them
+    default = LocalExperts.from_checkpoint(reader, cfg, torch.float32).layers[layer]
+    assert default.concatenated is None and default.weights.gate_up.is_contiguous() and default.weights.down.is_contiguous()
+    every = dataclasses.replace(cfg, top_k=cfg.num_experts)  # top-k == E: the layout, unless turned off
+    assert LocalExperts.from_checkpoint(reader, every, torch.float32).layers[layer].concatenated is not None
+    assert LocalExperts.from_checkpoint(reader, every, torch.float32, all_experts_path=False).layers[layer].concatenated is None
     if torch.backends.mkldnn.is_available():
-        assert LocalExperts.from_checkpoint(reader, cfg, torch.bfloat16, pack=True).layers[layer].concatenated.gate_up.is_mkldnn
-        assert not LocalExperts.from_checkpoint(reader, cfg, torch.bfloat16).layers[layer].concatenated.gate_up.is_mkldnn
+        assert LocalExperts.from_checkpoint(reader, every, torch.bfloat16, pack=True).layers[layer].concatenated.gate_up.is_mkldnn
+        assert not LocalExperts.from_checkpoint(reader, every, torch.bfloat16, pack=False).layers[layer].concatenated.gate_up.is_mkldnn
