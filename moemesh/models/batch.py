@@ -15,6 +15,7 @@ slices may be given in any order (`logits_rows` follows the given order).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -93,6 +94,17 @@ class BatchMeta:
     sliding_window: int | None
     block_size: int
     state_slots: Tensor
+
+    # Per-step views every layer's decode attention reads, made once per step (not once per layer).
+    @cached_property
+    def decode_blocks(self) -> Tensor:
+        """decode_block_tables flattened: [B*NB]."""
+        return self.decode_block_tables.view(-1)
+
+    @cached_property
+    def decode_mask_heads(self) -> Tensor:
+        """decode_mask as [B, 1, 1, S], broadcasting over heads and query rows."""
+        return self.decode_mask[:, None, None, :]
 
     @property
     def num_tokens(self) -> int:

@@ -51,8 +51,7 @@ def rope_for_step(rope: RotaryTable, positions: Tensor, dtype: torch.dtype) -> t
 def apply_rope_signed(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """Same result as apply_rope with fewer ops: rotate_half(x) * sin == swap_halves(x) * signed sin.
     x [T, NH, D], cos / sin_signed [T, 1, D] -> [T, NH, D]."""
-    t, nh, d = x.shape
-    swapped = x.reshape(t, nh, 2, d // 2).flip(2).reshape(t, nh, d)
+    swapped = torch.roll(x, x.shape[-1] // 2, -1)  # the two halves of D swapped, in one op
     return x * cos + swapped * sin_signed
 
 
