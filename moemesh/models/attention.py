@@ -86,7 +86,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
         vv = v_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
         # One query token per sequence: the NH/KVH query heads sharing a key/value head become that
         # head's "query rows" (head h reads kv head h // (NH/KVH), as transformers' repeat_kv does).
-        qq = q[:b].reshape(b, kvh, nh // kvh, d)  # [B, KVH, NH/KVH, D]
+        qq = (q if b == t else q[:b]).reshape(b, kvh, nh // kvh, d)  # [B, KVH, NH/KVH, D]
         mask = meta.decode_mask_heads  # [B, 1, 1, S]
         decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)  # [B, KVH, NH/KVH, D]
         if not meta.chunks:

@@ -60,8 +60,11 @@ def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) 
             return all_experts_plan(routing, num_experts, capacity)
     # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order: flat
     # position i holds slot i // T of token i % T.
-    flat_ids = ids.t().reshape(-1)  # [K*T]
-    flat_w = routing.weights.t().reshape(-1)  # [K*T]
+    if num_tokens == 1:  # one token: slot-major is the stored order
+        flat_ids, flat_w = ids.reshape(-1), routing.weights.reshape(-1)  # [K]
+    else:
+        flat_ids = ids.t().reshape(-1)  # [K*T]
+        flat_w = routing.weights.t().reshape(-1)  # [K*T]
     sorted_ids, order = torch.sort(flat_ids, stable=True)  # [K*T] each
     if capacity_factor == 0 and num_tokens:
         # Dropless (the default): the sorted ids give the groups directly, without per-expert
