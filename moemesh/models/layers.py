@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.cpu.linear_cpu import holds_plain, linear_cpu, linear_cpu_runs
+from kernels.cpu.linear_cpu import holds_plain, linear_cpu_variant, run_linear
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -110,8 +110,9 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     compiled CPU kernels at decode sizes (`linear_cpu_runs`)."""
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], "")
-    if linear_cpu_runs(x, w):
-        return linear_cpu(x, w)
+    variant = linear_cpu_variant(x, w)
+    if variant is not None:
+        return run_linear(x, w, variant)
     return x @ w.t()
 
 
