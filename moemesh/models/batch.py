@@ -143,9 +143,8 @@ class BatchMeta:
                 logits_idx.append(start + n - 1)
             logits_rows.append((first, len(logits_idx) - first))
         num_blocks = max((len(s.block_table) for s in decodes), default=0)
-        tables = torch.zeros(len(decodes), num_blocks, dtype=torch.long)  # [B, NB]
-        for b, s in enumerate(decodes):
-            tables[b, : len(s.block_table)] = torch.tensor(list(s.block_table), dtype=torch.long)
+        padded = [list(s.block_table) + [0] * (num_blocks - len(s.block_table)) for s in decodes]
+        tables = torch.tensor(padded, dtype=torch.long).view(len(decodes), num_blocks)  # [B, NB], zero-padded
         q_pos = torch.tensor([s.start_pos for s in decodes], dtype=torch.long)[:, None]  # [B, 1]
         return cls(
             input_ids=torch.tensor(ids, dtype=torch.long),
