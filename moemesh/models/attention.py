@@ -87,7 +87,7 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
         # One query token per sequence: the NH/KVH query heads sharing a key/value head become that
         # head's "query rows" (head h reads kv head h // (NH/KVH), as transformers' repeat_kv does).
         qq = (q if b == t else q[:b]).reshape(b, kvh, nh // kvh, d)  # [B, KVH, NH/KVH, D]
-        mask = meta.decode_mask_heads  # [B, 1, 1, S]
+        mask = meta.decode_bias(q.dtype)  # [B, 1, 1, S]
         decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)  # [B, KVH, NH/KVH, D]
         if not meta.chunks:
             return decoded.reshape(b, nh, d)

@@ -101,10 +101,15 @@ class BatchMeta:
         """decode_block_tables flattened: [B*NB]."""
         return self.decode_block_tables.view(-1)
 
-    @cached_property
-    def decode_mask_heads(self) -> Tensor:
-        """decode_mask as [B, 1, 1, S], broadcasting over heads and query rows."""
-        return self.decode_mask[:, None, None, :]
+    def decode_bias(self, dtype: torch.dtype) -> Tensor:
+        """decode_mask as the additive bias SDPA makes of a boolean mask, [B, 1, 1, S] in dtype (0 where
+        attended, -inf elsewhere; broadcast over heads and query rows): made once per step and dtype
+        rather than inside every layer's SDPA call (same values, so the same attention)."""
+        made = self.__dict__.setdefault("_decode_bias", {})
+        if dtype not in made:
+            mask = self.decode_mask[:, None, None, :]  # [B, 1, 1, S]
+            made[dtype] = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        return made[dtype]
 
     @property
     def num_tokens(self) -> int:
