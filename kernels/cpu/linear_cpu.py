@@ -19,15 +19,10 @@ DTYPES = (torch.float32, torch.bfloat16)
 MAX_ROWS = {torch.float32: 16, torch.bfloat16: 1}
 
 
-def linear_cpu_runs(x: Tensor, w: Tensor) -> bool:
-    """Whether `layers.linear` runs x @ w.T on `linear_cpu`: both on the CPU, float32 or bfloat16 of one
-    dtype, w [N, K] plain with unit stride along K, at most MAX_ROWS[dtype] rows, a compiled variant
-    selected."""
-    return linear_cpu_variant(x, w) is not None
-
-
 def linear_cpu_variant(x: Tensor, w: Tensor) -> str | None:
-    """The variant `linear_cpu_runs` would run x @ w.T on, or None (then torch runs it)."""
+    """The variant `layers.linear` runs x @ w.T on with `linear_cpu`, or None (then torch runs it): both
+    on the CPU, float32 or bfloat16 of one dtype, w [N, K] plain with unit stride along K, at most
+    MAX_ROWS[dtype] rows, a compiled variant selected."""
     if not (
         x.dim() == 2 and w.dim() == 2 and x.dtype in DTYPES and w.dtype == x.dtype and x.shape[0] <= MAX_ROWS[x.dtype]
         and not w.is_mkldnn and x.device.type == "cpu" and w.device.type == "cpu" and w.stride(-1) == 1

@@ -107,7 +107,7 @@ def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """x [T, in] @ w[out, in].t() -> [T, out], for a plain w or one packed by `packed_for_linear`; on the
-    compiled CPU kernels at decode sizes (`linear_cpu_runs`)."""
+    compiled CPU kernels at decode sizes (`linear_cpu_variant`)."""
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], "")
     variant = linear_cpu_variant(x, w)
