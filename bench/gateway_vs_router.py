@@ -6,8 +6,9 @@ gateway/router throughput ratio (target >= 0.95x) and the p50 TTFT the gateway a
 both as the median over the rounds.
 
 The gateway's time to first token is taken at the first SSE chunk carrying text (a first token whose
-text is held back as an incomplete UTF-8 character counts at the next chunk); its token count comes
-from the final usage chunk. Both clients run in this process, so their own costs are in the figures.
+text is held back as an incomplete UTF-8 character counts at the next chunk), and the router's at
+the first `Generate` message carrying text, the same moment for a client that shows text; its token
+count comes from the final usage chunk. Both clients run in this process, so their own costs are in the figures.
 
     python bench/gateway_vs_router.py [--shape demo|qwen3-sparse] [--model DIR] [--num-requests 64]
         [--output-len 64] [--rounds 3] [--json]
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     try:
         router, _ = mesh.start()
-        paths = {"gateway": lambda w, name: run_http(mesh.http_addr, w, name), "router": lambda w, name: run_grpc(router, w, name)}
+        paths = {"gateway": lambda w, name: run_http(mesh.http_addr, w, name), "router": lambda w, name: run_grpc(router, w, name, first_at_text=True)}
         if ns.warmup_requests:
             warm = Workload(num_requests=ns.warmup_requests, concurrency=ns.warmup_requests, prompt_len=ns.prompt_len, output_len=4, seed=1)
             for name, run in paths.items():

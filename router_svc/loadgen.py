@@ -128,8 +128,10 @@ async def _scheduled(work: Workload, run_one) -> float:
     return time.perf_counter() - start
 
 
-async def run_grpc(address: str, work: Workload, name: str = "mesh", api_key: str = "") -> BenchResult:
-    """The workload against a router over gRPC (greedy, ignore_eos, exactly output_len tokens each)."""
+async def run_grpc(address: str, work: Workload, name: str = "mesh", api_key: str = "", first_at_text: bool = False) -> BenchResult:
+    """The workload against a router over gRPC (greedy, ignore_eos, exactly output_len tokens each).
+    TTFT ends at the first message carrying tokens, or with `first_at_text` at the first carrying text
+    (as a client showing text sees it: a token held back as an incomplete character counts later)."""
     from moemesh.rpc.config import RpcConfig
     from moemesh.rpc.server import make_channel
     from moemesh.rpc.generation import build_request, pb_grpc
@@ -143,11 +145,12 @@ async def run_grpc(address: str, work: Workload, name: str = "mesh", api_key: st
             req = build_request(prompt_token_ids=prompts[i], max_new_tokens=work.output_len, temperature=0.0, ignore_eos=True)
             t = RequestTiming(time.perf_counter())
             async for resp in stub.Generate(req, wait_for_ready=True):
-                if resp.token_ids and not t.tokens:
+                if not t.first and (resp.text if first_at_text else resp.token_ids):
                     t.first = time.perf_counter()
                 t.tokens += len(resp.token_ids)
                 t.token_ids.extend(resp.token_ids)
             t.done = time.perf_counter()
+            t.first = t.first or t.done  # no text at all (first_at_text): the stream's end
             timings[i] = t
 
         wall = await _scheduled(work, one)
