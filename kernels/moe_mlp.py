@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels.cpu.moe_mlp_cpu import compiled_runs, moe_mlp_cpu
+from kernels.cpu.moe_mlp_cpu import compiled_variant, moe_mlp_cpu, run_compiled
 from kernels.experts import ExpertWeights
 from kernels.grouped import BACKENDS, grouped_expert_mlp
 
@@ -36,8 +36,12 @@ def moe_mlp(
     row by its weight in float32 and add it to its token."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "cpu" or (backend == "auto" and not x.is_cuda and compiled_runs(x, counts, w)):
+    if backend == "cpu":
         return moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w)
+    if backend == "auto" and not x.is_cuda:
+        variant = compiled_variant(x, counts, w, int(token_idx.shape[0]))
+        if variant is not None:
+            return run_compiled(x, token_idx, row_weight, expert_idx, counts, w, variant)
     rows = x.index_select(0, token_idx)  # [N, H]
     y = grouped_expert_mlp(rows, expert_idx, counts, w, "torch" if backend == "auto" and not x.is_cuda else backend)  # [N, H]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]

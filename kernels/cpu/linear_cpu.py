@@ -19,15 +19,16 @@ DTYPES = (torch.float32, torch.bfloat16)
 MAX_ROWS = {torch.float32: 16, torch.bfloat16: 1}
 
 
-def linear_cpu_runs(x: Tensor, w: Tensor) -> bool:
-    """Whether `layers.linear` runs x @ w.T on `linear_cpu`: both on the CPU, float32 or bfloat16 of one
-    dtype, w [N, K] plain with unit stride along K, at most MAX_ROWS[dtype] rows, a compiled variant
-    selected."""
-    return (
+def linear_cpu_variant(x: Tensor, w: Tensor) -> str | None:
+    """The variant `layers.linear` runs x @ w.T on with `linear_cpu`, or None (then torch runs it): both
+    on the CPU, float32 or bfloat16 of one dtype, w [N, K] plain with unit stride along K, at most
+    MAX_ROWS[dtype] rows, a compiled variant selected."""
+    if not (
         x.dim() == 2 and w.dim() == 2 and x.dtype in DTYPES and w.dtype == x.dtype and x.shape[0] <= MAX_ROWS[x.dtype]
         and not w.is_mkldnn and x.device.type == "cpu" and w.device.type == "cpu" and w.stride(-1) == 1
-        and selected_variant() is not None
-    )
+    ):
+        return None
+    return selected_variant()
 
 
 def holds_plain(dtype: torch.dtype, device: torch.device) -> bool:
@@ -45,4 +46,10 @@ def linear_cpu(x: Tensor, w: Tensor, variant: str | None = None) -> Tensor:
         raise ValueError("linear_cpu: no compiled CPU kernel variant is available here (or the torch path was asked for)")
     if x.dtype not in DTYPES or w.dtype not in DTYPES:
         raise ValueError(f"linear_cpu: x and w must be float32 or bfloat16, got {x.dtype} and {w.dtype}")
-    return extension().linear(x.contiguous(), w, chosen).to(x.dtype)
+    return run_linear(x, w, chosen)
+
+
+def run_linear(x: Tensor, w: Tensor, variant: str) -> Tensor:
+    """`linear_cpu` on a variant already chosen (the extension checks shapes and dtypes)."""
+    out = extension().linear(x.contiguous(), w, variant)  # [M, N] float32
+    return out if x.dtype == torch.float32 else out.to(x.dtype)

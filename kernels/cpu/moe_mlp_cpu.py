@@ -68,9 +68,19 @@ def compiled_runs(x: Tensor, counts: Tensor, w: ExpertWeights) -> bool:
     """Whether backend "auto" runs this call on the compiled kernels: a variant is available (and not
     turned off by MOEMESH_CPU_KERNEL=torch), the kernels read x and w, and no expert gets more than
     MAX_ROWS_PER_EXPERT rows."""
-    if unsupported(x, w) is not None or selected_variant() is None:
-        return False
-    return counts.numel() == 0 or int(counts.max()) <= MAX_ROWS_PER_EXPERT
+    return compiled_variant(x, counts, w) is not None
+
+
+def compiled_variant(x: Tensor, counts: Tensor, w: ExpertWeights, num_rows: int | None = None) -> str | None:
+    """The variant backend "auto" runs this call on (see `compiled_runs`), or None for the torch path.
+    num_rows: the call's N (sum of counts) when the caller knows it: at most MAX_ROWS_PER_EXPERT rows
+    in all need no look at the counts (a decode step's call then reads no tensor value)."""
+    if unsupported(x, w) is not None:
+        return None
+    chosen = selected_variant()
+    if chosen is None or counts.numel() == 0 or (num_rows is not None and num_rows <= MAX_ROWS_PER_EXPERT):
+        return chosen
+    return chosen if int(counts.max()) <= MAX_ROWS_PER_EXPERT else None
 
 
 def _bias(b: Tensor | None) -> Tensor | None:
@@ -94,12 +104,28 @@ def moe_mlp_cpu(
     chosen = selected_variant(variant)
     if chosen is None:
         raise ValueError("moe_mlp_cpu: no compiled CPU kernel variant is available here (or the torch path was asked for)")
+    return run_compiled(x, token_idx, row_weight, expert_idx, counts, w, chosen)
+
+
+def run_compiled(
+    x: Tensor, token_idx: Tensor, row_weight: Tensor, expert_idx: Tensor, counts: Tensor, w: ExpertWeights,
+    variant: str,
+) -> Tensor:
+    """`moe_mlp_cpu` on a variant already chosen, for a call `unsupported` passed (the extension
+    still checks the indices and counts)."""
     gu = projection_args(w.gate_up)
     dn = projection_args(w.down)
     out = extension().moe_mlp(
-        x.contiguous(), token_idx.to(torch.long).contiguous(), row_weight.to(torch.float32).contiguous(),
-        expert_idx.to(torch.long).contiguous(), counts.to(torch.long).contiguous(),
+        _as(x, x.dtype), _as(token_idx, torch.long), _as(row_weight, torch.float32),
+        _as(expert_idx, torch.long), _as(counts, torch.long),
         *gu, _bias(w.gate_up_bias), *dn, _bias(w.down_bias),
-        ACT_CODES[w.activation], w.intermediate_size, chosen,
+        ACT_CODES[w.activation], w.intermediate_size, variant,
     )  # [T, H] float32
-    return out.to(x.dtype)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t as a contiguous tensor of dtype, converted only where it is not one already."""
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()

@@ -41,19 +41,25 @@ def sample(
     holds NaN or +inf (its distribution is undefined), "sampling: ..." when drawing from it failed."""
     logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
     tokens = torch.argmax(logits, dim=-1)  # [B]
-    broken = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1) | torch.isneginf(logits).all(dim=-1)  # [B]
+    # The log-probability at the argmax is finite exactly when the row is sound: a NaN is its own
+    # argmax and makes the row NaN, a +inf makes it NaN (inf - inf), and so does a row of only -inf;
+    # so one look at [B] values replaces the checks over all V logits.
+    greedy_lp = logprobs.gather(1, tokens[:, None])[:, 0]  # [B]
     failed: dict[int, Exception] = {}
-    for b in broken.nonzero()[:, 0].tolist():
-        failed[b] = RuntimeError("logits: the model computed NaN or infinite logits for this sequence")
+    for b, finite in enumerate(torch.isfinite(greedy_lp).tolist()):
+        if not finite:
+            failed[b] = RuntimeError("logits: the model computed NaN or infinite logits for this sequence")
+    drawn = False
     for b, (p, gen) in enumerate(zip(params, generators)):
         if p.greedy or b in failed:
             continue
         try:
             row = filter_logits(logits[b] / p.temperature, p.top_k, p.top_p)
             tokens[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)[0]
+            drawn = True
         except RuntimeError as exc:
             failed[b] = RuntimeError(f"sampling: drawing the next token failed ({exc})")
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()  # [B]
+    chosen = (logprobs.gather(1, tokens[:, None])[:, 0] if drawn else greedy_lp).tolist()  # [B]
     ids = tokens.tolist()
     return [failed[b] if b in failed else (ids[b], chosen[b]) for b in range(len(ids))]
 

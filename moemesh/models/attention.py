@@ -55,8 +55,9 @@ def attention(
     qkv = linear(x, w.qkv)  # [T, (NH+2KVH)*D]
     if w.qkv_bias is not None:
         qkv = qkv + w.qkv_bias
-    qk = qkv[:, : (nh + kvh) * d].view(t, nh + kvh, d)  # [T, NH+KVH, D]: queries and keys rotate together
-    v = qkv[:, (nh + kvh) * d :].view(t, kvh, d)
+    heads = qkv.view(t, nh + 2 * kvh, d)  # [T, NH+2KVH, D]
+    qk = heads[:, : nh + kvh]  # [T, NH+KVH, D]: queries and keys rotate together
+    v = heads[:, nh + kvh :]  # [T, KVH, D]
     if w.qk_norm is not None:
         qk = rms_norm(qk, w.qk_norm, w.norm_eps)
     elif w.q_norm is not None or w.k_norm is not None:
@@ -80,13 +81,13 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
     b = meta.num_decode
     decoded = None
     if b:
-        blocks = meta.decode_block_tables.view(-1)  # [B*NB]
+        blocks = meta.decode_blocks  # [B*NB]
         kk = k_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
         vv = v_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KVH, S, D]
         # One query token per sequence: the NH/KVH query heads sharing a key/value head become that
         # head's "query rows" (head h reads kv head h // (NH/KVH), as transformers' repeat_kv does).
-        qq = q[:b].reshape(b, kvh, nh // kvh, d)  # [B, KVH, NH/KVH, D]
-        mask = meta.decode_mask[:, None, None, :]  # [B, 1, 1, S]
+        qq = (q if b == t else q[:b]).reshape(b, kvh, nh // kvh, d)  # [B, KVH, NH/KVH, D]
+        mask = meta.decode_bias(q.dtype)  # [B, 1, 1, S]
         decoded = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)  # [B, KVH, NH/KVH, D]
         if not meta.chunks:
             return decoded.reshape(b, nh, d)

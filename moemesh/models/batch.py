@@ -15,6 +15,7 @@ slices may be given in any order (`logits_rows` follows the given order).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -94,6 +95,22 @@ class BatchMeta:
     block_size: int
     state_slots: Tensor
 
+    # Per-step views every layer's decode attention reads, made once per step (not once per layer).
+    @cached_property
+    def decode_blocks(self) -> Tensor:
+        """decode_block_tables flattened: [B*NB]."""
+        return self.decode_block_tables.view(-1)
+
+    def decode_bias(self, dtype: torch.dtype) -> Tensor:
+        """decode_mask as the additive bias SDPA makes of a boolean mask, [B, 1, 1, S] in dtype (0 where
+        attended, -inf elsewhere; broadcast over heads and query rows): made once per step and dtype
+        rather than inside every layer's SDPA call (same values, so the same attention)."""
+        made = self.__dict__.setdefault("_decode_bias", {})
+        if dtype not in made:
+            mask = self.decode_mask[:, None, None, :]  # [B, 1, 1, S]
+            made[dtype] = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        return made[dtype]
+
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
@@ -131,9 +148,8 @@ class BatchMeta:
                 logits_idx.append(start + n - 1)
             logits_rows.append((first, len(logits_idx) - first))
         num_blocks = max((len(s.block_table) for s in decodes), default=0)
-        tables = torch.zeros(len(decodes), num_blocks, dtype=torch.long)  # [B, NB]
-        for b, s in enumerate(decodes):
-            tables[b, : len(s.block_table)] = torch.tensor(list(s.block_table), dtype=torch.long)
+        padded = [list(s.block_table) + [0] * (num_blocks - len(s.block_table)) for s in decodes]
+        tables = torch.tensor(padded, dtype=torch.long).view(len(decodes), num_blocks)  # [B, NB], zero-padded
         q_pos = torch.tensor([s.start_pos for s in decodes], dtype=torch.long)[:, None]  # [B, 1]
         return cls(
             input_ids=torch.tensor(ids, dtype=torch.long),

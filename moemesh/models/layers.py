@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.cpu.linear_cpu import holds_plain, linear_cpu, linear_cpu_runs
+from kernels.cpu.linear_cpu import holds_plain, linear_cpu_variant, run_linear
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -51,8 +51,7 @@ def rope_for_step(rope: RotaryTable, positions: Tensor, dtype: torch.dtype) -> t
 def apply_rope_signed(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """Same result as apply_rope with fewer ops: rotate_half(x) * sin == swap_halves(x) * signed sin.
     x [T, NH, D], cos / sin_signed [T, 1, D] -> [T, NH, D]."""
-    t, nh, d = x.shape
-    swapped = x.reshape(t, nh, 2, d // 2).flip(2).reshape(t, nh, d)
+    swapped = torch.roll(x, x.shape[-1] // 2, -1)  # the two halves of D swapped, in one op
     return x * cos + swapped * sin_signed
 
 
@@ -108,11 +107,12 @@ def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """x [T, in] @ w[out, in].t() -> [T, out], for a plain w or one packed by `packed_for_linear`; on the
-    compiled CPU kernels at decode sizes (`linear_cpu_runs`)."""
+    compiled CPU kernels at decode sizes (`linear_cpu_variant`)."""
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], "")
-    if linear_cpu_runs(x, w):
-        return linear_cpu(x, w)
+    variant = linear_cpu_variant(x, w)
+    if variant is not None:
+        return run_linear(x, w, variant)
     return x @ w.t()
 
 

@@ -58,12 +58,23 @@ def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) 
         capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count=num_tokens)
         if capacity is None or capacity >= num_tokens:  # every token to every expert, nothing dropped
             return all_experts_plan(routing, num_experts, capacity)
-    # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order.
-    flat_ids = ids.t().reshape(-1)  # [K*T]
-    flat_w = routing.weights.t().reshape(-1)  # [K*T]
+    # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order: flat
+    # position i holds slot i // T of token i % T.
+    if num_tokens == 1:  # one token: slot-major is the stored order
+        flat_ids, flat_w = ids.reshape(-1), routing.weights.reshape(-1)  # [K]
+    else:
+        flat_ids = ids.t().reshape(-1)  # [K*T]
+        flat_w = routing.weights.t().reshape(-1)  # [K*T]
+    sorted_ids, order = torch.sort(flat_ids, stable=True)  # [K*T] each
+    if capacity_factor == 0 and num_tokens:
+        # Dropless (the default): the sorted ids give the groups directly, without per-expert
+        # counts over all E, a capacity or a host sync.
+        expert_ids, counts = torch.unique_consecutive(sorted_ids, return_counts=True)  # [G] each
+        return DispatchPlan(
+            token_idx=order % num_tokens, weights=flat_w[order], expert_ids=expert_ids, counts=counts,
+            capacity=None, dropped=0,
+        )
     flat_tok = torch.arange(num_tokens, device=ids.device).repeat(top_k)  # [K*T]
-    order = torch.sort(flat_ids, stable=True).indices  # [K*T]
-    sorted_ids = flat_ids[order]
     all_counts = torch.bincount(sorted_ids, minlength=num_experts)  # [E]
     max_count = int(all_counts.max()) if sorted_ids.numel() else 0
     capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count)

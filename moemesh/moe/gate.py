@@ -24,7 +24,7 @@ def softmax_topk(router_logits: Tensor, top_k: int, normalize: bool) -> Routing:
     num_experts = router_logits.shape[-1]
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
-    probs = torch.softmax(router_logits.float(), dim=-1)  # [T, E]
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]: the logits converted, then softmax
     weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -63,3 +63,14 @@ def test_top_logprobs_per_row():
     torch.testing.assert_close(torch.tensor([v for _, v in out[0]]), lp[0, [1, 2]])
     assert top_logprobs(logits, [0, 0]) == [None, None]
     assert len(top_logprobs(logits, [9, 1])[0]) == 4  # at most the vocabulary
+
+
+def test_greedy_rows_with_nan_or_inf_logits_fail_and_partly_masked_rows_do_not():
+    inf, nan = float("inf"), float("nan")
+    logits = torch.tensor(
+        [[0.0, 3.0, -inf], [0.0, nan, 1.0], [0.0, 1.0, inf], [-inf] * 3, [1.0, inf, nan], [-inf, -inf, 2.0]]
+    )
+    out = sample(logits, [SamplingParams(temperature=0.0)] * 6, [None] * 6)
+    assert out[0][0] == 1 and out[5] == (2, 0.0)
+    for failed in out[1:5]:
+        assert isinstance(failed, RuntimeError) and str(failed).startswith("logits: ")

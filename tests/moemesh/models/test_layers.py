@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.cpu.linear_cpu import MAX_ROWS, linear_cpu, linear_cpu_runs
+from kernels.cpu.linear_cpu import MAX_ROWS, linear_cpu, linear_cpu_variant
 from kernels.cpu.variant import VARIANT_ENV, available_variants
 from moemesh.models.layers import linear, matmul_layout
 
@@ -46,7 +46,7 @@ def test_float32_is_held_plain_for_the_compiled_kernels_with_one_thread(threads)
     assert held.is_contiguous() and not held.is_mkldnn
     for rows in (1, 3, 16, 17):  # up to MAX_ROWS on the compiled kernels, then torch
         x = torch.randn(rows, 70)
-        assert linear_cpu_runs(x, held) == (rows <= MAX_ROWS[torch.float32])
+        assert (linear_cpu_variant(x, held) is not None) == (rows <= MAX_ROWS[torch.float32])
         torch.testing.assert_close(linear(x, held), x @ w.t(), rtol=1e-5, atol=1e-5)
 
 

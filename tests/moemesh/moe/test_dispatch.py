@@ -108,3 +108,17 @@ def test_binding_capacity_with_all_experts_falls_back_to_dropping():
     ids = torch.tensor([[0, 1]] * 4)
     plan = make_plan(Routing(ids, torch.full((4, 2), 0.5)), num_experts=2, capacity_factor=0.5)  # capacity 2 < 4
     assert not plan.all_experts and plan.capacity == 2 and plan.dropped == 4
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 7])
+def test_dropless_plan_matches_the_counted_path(num_tokens):
+    # cf == 0 takes its groups from the sorted ids; a negative cf whose bound never binds (capacity =
+    # the busiest expert's load) goes through the per-expert counts: same rows, groups and weights
+    g = torch.Generator().manual_seed(num_tokens)
+    ids = torch.stack([torch.randperm(16, generator=g)[:4] for _ in range(num_tokens)])  # [T, 4]
+    r = Routing(ids, torch.rand(num_tokens, 4, generator=g))
+    fast, counted = make_plan(r, 16, 0.0), make_plan(r, 16, -100.0)
+    assert counted.dropped == 0 and fast.capacity is None
+    for name in ("token_idx", "weights", "expert_ids", "counts"):
+        a, b = getattr(fast, name), getattr(counted, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
