@@ -73,12 +73,14 @@ class LayerCopies:
 
 def split_plan(plan: DispatchPlan, layer: LayerCopies, num_tokens: int, rotation: int = 0) -> list[ServerPart]:
     """The plan's rows by server (servers sorted by id; see `LayerCopies.chunks`): a plan that sends
-    every token to every expert (`plan.all_experts`) computes each expert whole on one copy, rotating
+    every token to every expert (`plan.by_expert`) computes each expert whole on one copy, rotating
     per call, so a server gets every token for each expert it computes."""
+    whole = plan.by_expert is not None
+    plan = plan.with_rows()
     expert_ids, counts = plan.expert_ids.cpu().numpy(), plan.counts.cpu().numpy()
     if expert_ids.size and not (0 <= expert_ids.min() and expert_ids.max() < len(layer.copies)):
         raise ValueError(f"expert_ids: {expert_ids.tolist()} go beyond the placement's {len(layer.copies)} experts")
-    server, expert, rows = layer.chunks(expert_ids, counts, plan.all_experts, rotation)
+    server, expert, rows = layer.chunks(expert_ids, counts, whole, rotation)
     by_server = np.argsort(np.repeat(server, rows), kind="stable")  # [N]: server 0's rows, then 1's, ...; each grouped by expert
     sizes = np.zeros(len(layer.names), dtype=np.int64)
     np.add.at(sizes, server, rows)
