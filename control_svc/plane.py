@@ -41,7 +41,7 @@ from control_svc.load import bounded_stats, window_load
 from control_svc.placement import (
     CostInputs, RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance,
 )
-from control_svc.recovery import check_held, rebuild_placement
+from control_svc.recovery import RestartMemory, check_held, rebuild_placement
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
 from moemesh.contracts.info import ServerInfo
@@ -95,16 +95,10 @@ class ControlPlane:
             lambda: [r.adopted_version for r in self.registry.live_attention()],
             cfg.prepare_timeout_s,
             cfg.release_timeout_s,
-            lambda: self.floor,
+            lambda: self.memory.floor,
             self._loaded,
         )
-        self.floor = 0  # the newest placement version a server or replica reported
-        # a server or replica reported a placement version before this plane committed any: it restarted,
-        # so its first placement is rebuilt from what the servers hold, and versions it reaches itself
-        # may repeat numbers of the old one (`note_version`)
-        self.restarted = False
-        self._inherited_knobs: tuple[int, MoeKnobs] | None = None  # (version, knobs) replicas ran before a restart
-        self._knobs_set = False  # knobs were set on this plane (they win over inherited ones)
+        self.memory = RestartMemory()  # versions and knobs from before a restart of this plane
         # the solver's thread, at a lower CPU priority: on a shared machine a plan takes idle CPU, not serving's
         self._planning = ThreadPoolExecutor(1, thread_name_prefix="planner", initializer=lower_priority)
         self._initial: asyncio.Task | None = None
@@ -134,7 +128,7 @@ class ControlPlane:
         if self.board.version == 0:
             if len(self.registry.serving()) >= self.expected:
                 self._start_initial()
-            elif self.restarted and self._recovery_timer is None:
+            elif self.memory.restarted and self._recovery_timer is None:
                 self._recovery_timer = asyncio.get_running_loop().create_task(self._recover_after(self.cfg.recovery_wait_s))
         else:
             self._background(self.rebalance(force=True), f"placing experts on new server {rec.server_id}", lambda: None)
@@ -161,10 +155,10 @@ class ControlPlane:
         serving = self.registry.serving()
         try:
             knobs = None
-            if self.restarted:
+            if self.memory.restarted:
                 held = {s.server_id: self.registry.experts[s.server_id].held for s in serving}
                 placement = rebuild_placement(self.moe_layers, self.num_experts, held, {s.server_id: s.slot_budget for s in serving}, 0)
-                knobs = self._inherited_knobs and self._inherited_knobs[1]
+                knobs = self.memory.inherited_knobs()
             else:
                 placement = initial_placement(self.moe_layers, self.num_experts, [(s.server_id, s.slot_budget) for s in serving], 0)
             view = await self.switch.switch_with(
@@ -175,7 +169,7 @@ class ControlPlane:
             self._initial = None
             return
         if view is not None:
-            if self.restarted:
+            if self.memory.restarted:
                 log.info("placement rebuilt from the experts %d servers hold, as v%d", len(serving), view.placement.version)
             if self._recovery_timer is not None:
                 self._recovery_timer.cancel()
@@ -323,7 +317,7 @@ class ControlPlane:
 
         def build(view: PlacementView):
             self._check_placed(view)
-            self._knobs_set = True
+            self.memory.knobs_set = True
             return view.placement, view.knobs.updated(top_k, capacity_factor, layer)
 
         view = await self.switch.switch_with(build)
@@ -445,25 +439,15 @@ class ControlPlane:
 
         task.add_done_callback(finished)
 
-    # ---- after a restart: versions and knobs from before it ------------------------------------
+    # ---- after a restart: versions and knobs from before it (RestartMemory decides) --------------
     def note_version(self, version: int, at_least: bool = False) -> None:
-        """A server or replica has seen placement `version`. Before the first placement it raises the
-        floor the first one is numbered above (and marks this plane restarted); after, a version above
-        the committed one gets the committed placement renumbered above it, so the replica adopts it.
-        So does one equal to it, with `at_least` (a registering replica) on a restarted plane: that
-        number may have been another placement of the plane before the restart."""
-        if version <= 0:
-            return
-        committed = self.board.version
-        self.floor = max(self.floor, version)
-        if committed == 0:
-            self.restarted = True
-        elif version > committed or (at_least and self.restarted and version == committed):
+        """A server or replica has seen placement `version` (`RestartMemory.note_version`)."""
+        if self.memory.note_version(version, self.board.version, at_least):
             self._background(self._renumber(), f"renumbering the placement above v{version}", lambda: None)
 
     async def _renumber(self) -> None:
         def build(view: PlacementView):
-            if view.placement.version == 0 or view.placement.version > self.floor:
+            if view.placement.version == 0 or view.placement.version > self.memory.floor:
                 return None
             return view.placement, view.knobs
 
@@ -473,22 +457,17 @@ class ControlPlane:
             self._publish_metrics()
 
     def _inherit_knobs(self, version: int, knobs: MoeKnobs) -> None:
-        """A restarted plane on which no knobs were set takes over the knobs of the newest version a
-        replica reports (a restart must not change what requests run with), committing them once it
-        has a placement and they differ from its own."""
-        if not self.restarted or self._knobs_set:
-            return
-        if self._inherited_knobs is None or version > self._inherited_knobs[0]:
-            self._inherited_knobs = (version, knobs)
-        if self.board.version > 0 and self.board.current.knobs != self._inherited_knobs[1]:
+        """A restarted plane on which no knobs were set takes over the knobs replicas ran before the
+        restart (a restart must not change what requests run with)."""
+        if self.memory.inherit(version, knobs, self.board.version, self.board.current.knobs):
             self._background(self._take_inherited_knobs(), "taking over the knobs replicas ran before the restart", lambda: None)
 
     async def _take_inherited_knobs(self) -> None:
         def build(view: PlacementView):
-            if view.placement.version == 0 or self._knobs_set or self._inherited_knobs is None:
+            knobs = self.memory.inherited_knobs()
+            if view.placement.version == 0 or knobs is None or knobs == view.knobs:
                 return None
-            knobs = self._inherited_knobs[1]
-            return None if knobs == view.knobs else (view.placement, knobs)
+            return view.placement, knobs
 
         view = await self.switch.switch_with(build)
         if view is not None:

@@ -10,8 +10,10 @@ The control plane numbers the result above every version anyone reported, so the
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from moemesh.contracts.knobs import MoeKnobs
 from moemesh.contracts.placement import LayerExperts, Placement
 
 
@@ -60,3 +62,46 @@ def rebuild_placement(
             row.append(tuple(copies))
         replicas[layer] = tuple(row)
     return Placement(version=version, replicas=replicas)
+
+
+@dataclass
+class RestartMemory:
+    """What a control plane learns of the placements before its restart, from the versions and knobs
+    servers and replicas report. Decisions only: the plane commits what they ask for.
+
+    floor: the newest placement version anyone reported; restarted: one was reported before this
+    plane committed any placement (so its first placement is rebuilt from what servers hold, and its
+    own version numbers may repeat the old plane's); inherited: (version, knobs) of the newest
+    placement a replica reports running; knobs_set: knobs were set on this plane (they win)."""
+
+    floor: int = 0
+    restarted: bool = False
+    inherited: tuple[int, MoeKnobs] | None = None
+    knobs_set: bool = False
+
+    def note_version(self, version: int, committed: int, at_least: bool = False) -> bool:
+        """A server or replica has seen placement `version`; `committed`: this plane's committed
+        version (0: none yet). True when the committed placement must be renumbered above the floor
+        so that replicas adopt it: a version above it was reported, or (`at_least`: a registering
+        replica) one equal to it on a restarted plane, which may have been the old plane's."""
+        if version <= 0:
+            return False
+        self.floor = max(self.floor, version)
+        if committed == 0:
+            self.restarted = True
+            return False
+        return version > committed or (at_least and self.restarted and version == committed)
+
+    def inherit(self, version: int, knobs: MoeKnobs, committed: int, current: MoeKnobs) -> bool:
+        """A replica reports running `knobs` with placement `version`. A restarted plane on which no
+        knobs were set keeps the newest; True when they must be committed now (a placement exists and
+        its knobs differ)."""
+        if not self.restarted or self.knobs_set:
+            return False
+        if self.inherited is None or version > self.inherited[0]:
+            self.inherited = (version, knobs)
+        return committed > 0 and current != self.inherited[1]
+
+    def inherited_knobs(self) -> MoeKnobs | None:
+        """The knobs to run after the restart, unless knobs were set on this plane."""
+        return None if self.knobs_set or self.inherited is None else self.inherited[1]

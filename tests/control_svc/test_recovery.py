@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from control_svc.recovery import check_held, rebuild_placement
+from control_svc.recovery import RestartMemory, check_held, rebuild_placement
 from control_svc.registry import Registry
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.knobs import MoeKnobs
@@ -65,6 +65,39 @@ def test_held_reports_are_checked_against_the_model():
 
 
 # ---- the registry across a restart --------------------------------------------------------------
+# ---- RestartMemory: reported versions and knobs -> decisions -------------------------------------
+def test_a_version_reported_before_any_placement_marks_a_restart_and_raises_the_floor():
+    m = RestartMemory()
+    assert not m.note_version(0, committed=0) and not m.restarted  # "seen none" says nothing
+    assert not m.note_version(5, committed=0) and m.restarted and m.floor == 5
+    assert not m.note_version(3, committed=0) and m.floor == 5
+
+
+def test_a_version_above_the_committed_one_asks_for_a_renumbering():
+    fresh = RestartMemory()
+    assert not fresh.note_version(4, committed=4, at_least=True)  # a fresh plane's own number
+    assert fresh.note_version(5, committed=4) and fresh.floor == 5
+    restarted = RestartMemory()
+    restarted.note_version(4, committed=0)
+    assert restarted.note_version(4, committed=4, at_least=True)  # may be the old plane's v4
+    assert not restarted.note_version(4, committed=4)  # a server adopting ours
+
+
+def test_inherited_knobs_are_the_newest_reported_and_lose_to_knobs_set_here():
+    k4, k8 = MoeKnobs(top_k=4), MoeKnobs(top_k=8)
+    fresh = RestartMemory()
+    assert not fresh.inherit(3, k4, committed=1, current=k8) and fresh.inherited_knobs() is None
+    m = RestartMemory()
+    m.note_version(3, committed=0)
+    assert not m.inherit(3, k4, committed=0, current=k8)  # no placement yet: it goes into the rebuild
+    assert not m.inherit(2, k8, committed=0, current=k8)  # older than what is kept
+    assert m.inherited_knobs() == k4
+    assert m.inherit(3, k4, committed=5, current=k8)  # a placement with other knobs: commit
+    assert not m.inherit(3, k4, committed=5, current=k4)  # already running them
+    m.knobs_set = True
+    assert m.inherited_knobs() is None and not m.inherit(9, k8, committed=5, current=k4)
+
+
 def test_a_claimed_id_is_kept_only_when_never_given_out_here():
     reg = Registry(clock=Clock())
     assert reg.register_expert(ServerInfo("expert-1", "127.0.0.1:2")).server_id == "expert-1"  # a restarted registry
@@ -167,7 +200,7 @@ def test_a_fresh_mesh_still_waits_for_the_expected_servers():
         plane, _, _, _ = make_plane(recovery_wait_s=0.05)
         plane.register_expert(ServerInfo("", "127.0.0.1:1"))
         await asyncio.sleep(0.2)
-        assert plane.board.version == 0 and not plane.restarted
+        assert plane.board.version == 0 and not plane.memory.restarted
         plane.register_expert(ServerInfo("", "127.0.0.1:2"))
         await plane.wait_placed(5)
         await settle(plane)
