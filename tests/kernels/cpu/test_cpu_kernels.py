@@ -118,10 +118,15 @@ def test_dense_experts_at_every_row_count_path(variant, dtype, fmt, h, i):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-@pytest.mark.parametrize("h, i", [(48, 80), (96, 112), (128, 40)], ids=["k48_80", "k96_112", "k128_40"])
+@pytest.mark.parametrize(
+    "h, i", [(48, 80), (96, 112), (128, 40), (144, 70), (64, 264)],
+    ids=["k48_80", "k96_112", "k128_40", "k144_70", "k64_264"],
+)
 def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
     # up to 4 rows per expert (the decode-shaped kernels; with bfloat16 x and AVX512-BF16, the bfloat16
-    # dot products), K ending 16, 32, 48 or 64 elements into a 64-element step
+    # dot products in 128-element steps over tiles of 8 or 4 weight rows), K ending every multiple of
+    # 16 elements into a step (NVFP4 pads K to 16, MXFP4 to 32), 70 output columns leaving a partial
+    # tile of rows
     variant_or_skip(variant)
     w = weights(fmt, torch.bfloat16, h, i, "silu", bias=True, e=5, seed=3)
     expert_idx, counts = torch.tensor([3, 0, 4, 1]), torch.tensor([4, 1, 2, 3])
