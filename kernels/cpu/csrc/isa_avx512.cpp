@@ -179,6 +179,75 @@ struct V {
     e2m1_bf16_tile<LPB, MR, 4>(d, s, ahead, nvalid, xb, kp, out, ldo);
   }
 
+  // FP8 (E4M3) weights against activation rows that hold bfloat16 values, where the CPU has
+  // AVX512-BF16: every E4M3 value is a bfloat16 value (3 mantissa bits, exponents within range), so
+  // each 32-byte chunk becomes one vector of 32 bfloat16 (fp8_chunk's float16 trick, widened to
+  // float32 and narrowed to bfloat16, both exactly) that vdpbf16ps multiplies exactly; the
+  // products of a block's chunks are summed, then scaled once by the block's scale.
+  // x: M rows of kp float32 (as prepare_row writes them: as is) -> xb: M rows of kp / 32 bfloat16
+  // vectors in element order (row m, chunk c at xb[m * (kp / 32) + c]).
+  __attribute__((target("avx512bf16"))) static void bf16_x_plain(const float* x, int64_t ldx, int64_t kp, int64_t M,
+                                                                 __m512bh* xb) {
+    const int64_t chunks = kp / 32;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < chunks; ++c)
+        xb[m * chunks + c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + m * ldx + 32 * c + 16), _mm512_loadu_ps(x + m * ldx + 32 * c));
+  }
+
+  // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid over an NR_-row tile: rows d[j]
+  // of k e4m3 bytes (the last chunk's bytes past k are not read) with their scale rows s[j] (one
+  // float per qbk elements; qbk a multiple of 32); `ahead` bytes from each row is the same row of the
+  // next tile, prefetched a cache line per two chunks.
+  template <int MR, int NR_>
+  __attribute__((target("avx512bf16"))) static void fp8_bf16_tile(const uint8_t* const* d, const float* const* s,
+                                                                  int64_t ahead, int nvalid, const __m512bh* xb,
+                                                                  int64_t k, int64_t qbk, float* out, int64_t ldo) {
+    const int64_t chunks = (k + 31) / 32, full = k / 32, per_block = qbk / 32;
+    const __mmask32 tail = (k % 32) ? __mmask32((1u << (k % 32)) - 1) : ~__mmask32(0);
+    F acc[MR][NR_];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NR_; ++j) acc[m][j] = zero();
+    for (int64_t c0 = 0; c0 < chunks; c0 += per_block) {
+      const int64_t c1 = c0 + per_block < chunks ? c0 + per_block : chunks;
+      F t[MR][NR_];
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < NR_; ++j) t[m][j] = zero();
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int j = 0; j < NR_; ++j) {
+          const uint8_t* p = d[j] + 32 * c;
+          __m256i raw;
+          if (c < full) {
+            if (!(c & 1)) __builtin_prefetch(p + ahead);
+            raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+          } else {
+            raw = _mm256_maskz_loadu_epi8(tail, p);
+          }
+          // e4m3 -> float16 (value / 2^8) -> float32 -> bfloat16, all exact
+          const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 7), _mm512_set1_epi16(short(0xBFFF)));
+          const __m512bh w = _mm512_cvtne2ps_pbh(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
+                                                 _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+          for (int m = 0; m < MR; ++m) t[m][j] = _mm512_dpbf16_ps(t[m][j], w, xb[m * chunks + c]);
+        }
+      }
+      for (int j = 0; j < NR_; ++j) {
+        const F sc = set1(s[j][c0 / per_block] * 256.0f);
+        for (int m = 0; m < MR; ++m) acc[m][j] = fma(t[m][j], sc, acc[m][j]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
+  }
+
+  template <int MR = 4>
+  static void fp8_bf16(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
+                       int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr) {
+    if constexpr (MR > 1) {
+      if (mr < MR) return fp8_bf16<MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr);
+    }
+    if (MR <= 2) return fp8_bf16_tile<MR, 8>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+    fp8_bf16_tile<MR, 4>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+  }
+
   // 16 bytes of E2M1 pairs, one scale -> even elements (low nibbles) and odd elements (high
   // nibbles); vpermps reads the low 4 bits of each index from the 16 scaled values.
   static void e2m1_chunk1(const uint8_t* p, float a, F* out) {

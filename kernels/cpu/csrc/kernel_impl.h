@@ -335,6 +335,37 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
   }
 }
 
+// FP8 weights on the variant's bfloat16 dot products (V::fp8_bf16), V::bf16_tile_rows(M) rows at a
+// time, for up to MR activation rows that hold bfloat16 values; false (nothing done) where the
+// variant has none. The activation rows are converted to bfloat16 once per call.
+template <class VV = V>
+bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
+                     float* out, int64_t ldo) {
+  if constexpr (!VV::BF16_DOT) {
+    return false;
+  } else {
+    if (M > VV::MR) return false;
+    constexpr int TR = VV::BF16_TILE_ROWS;
+    const int tr = VV::bf16_tile_rows(M);
+    const int64_t kp = padded_k(k);
+    auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * (kp / 32) * M));
+    VV::bf16_x_plain(x, ldx, kp, M, xb);
+    for (int64_t n = n0; n < n1; n += tr) {
+      const int nvalid = int(n1 - n < tr ? n1 - n : tr);
+      const uint8_t* rd[TR];
+      const float* rs[TR];
+      for (int j = 0; j < tr; ++j) {
+        const Row r = d.row(n + (j < nvalid ? j : nvalid - 1));
+        rd[j] = r.d;
+        rs[j] = r.s;
+      }
+      VV::fp8_bf16(rd, rs, tr * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+    }
+    std::free(xb);
+    return true;
+  }
+}
+
 // exp(x) for the activations: Cephes' single-precision polynomial on x - n ln2, times 2^n
 // (relative error about 2 ulp); the argument is clamped to [-87, 88] so 2^n stays a normal float.
 F vexp(F x) {
@@ -379,6 +410,7 @@ void matmul(const Weights& w, int64_t e, int64_t n0, int64_t n1, const float* x,
     case FMT_FP8: {
       const DecFP8 d{data + e * w.sd_e, w.sd_n, static_cast<const float*>(w.scale) + e * w.ss_e, w.ss_r,
                      w.seg_rows, w.per_seg, w.qbn, w.qbk};
+      if (w.bf16_x && matmul_fp8_bf16(d, w.k, n0, n1, x, M, ldx, out, ldo)) return;
       return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, false);
     }
     case FMT_MXFP4: {

@@ -136,6 +136,26 @@ def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("block", [(32, 32), (16, 64), (128, 128)], ids=["b32", "b64", "b128"])
+@pytest.mark.parametrize("h, i", [(96, 70), (200, 136)], ids=["k96_70", "k200_136"])
+def test_fp8_decode_rows_with_every_block_width(variant, block, h, i):
+    # up to 4 rows per expert (with bfloat16 x and AVX512-BF16, the bfloat16 dot products summing a
+    # block's 32-element chunks before its scale), blocks of 1, 2 or 4 chunks, K ending inside a
+    # chunk and inside a block, 70 output columns leaving a partial tile of rows
+    variant_or_skip(variant)
+    g = torch.Generator().manual_seed(h + block[1])
+    w = ExpertWeights(
+        quantize_fp8_block(torch.randn(5, 2 * i, h, generator=g) * 0.2, block, segments=2),
+        quantize_fp8_block(torch.randn(5, h, i, generator=g) * 0.2, block),
+    )
+    expert_idx, counts = torch.tensor([3, 0, 4, 1]), torch.tensor([4, 1, 2, 3])
+    x = torch.randn(6, h, generator=g).to(torch.bfloat16)
+    token_idx, row_weight = routing(6, counts.tolist(), seed=2)
+    got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+
+
 def test_every_e4m3_code_decodes_alike_in_every_variant():
     # one-hot bfloat16 tokens pick single gate/up weights over every e4m3 code (subnormals included),
     # and one-hot down rows pick single activations: no sums, so every variant (each with its own
