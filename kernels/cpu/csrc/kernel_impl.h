@@ -91,6 +91,7 @@ struct DecMXFP4 {
   const uint8_t* scale;  // this expert's [N, KB]
   int64_t ss_r, kb;
   Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  const uint8_t* scale_row(int64_t n) const { return scale + n * ss_r; }
   void scales(int64_t n, float* out) const {  // 2^(s - 127), s == 0 the subnormal 2^-127
     const uint8_t* s = scale + n * ss_r;
     uint32_t* bits = reinterpret_cast<uint32_t*>(out);
@@ -109,6 +110,7 @@ struct DecNVFP4 {
   const float* scale2;  // this expert's [S]
   int64_t seg_rows, kb;
   Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  const uint8_t* scale_row(int64_t n) const { return scale + n * ss_r; }
   void scales(int64_t n, float* out) const {  // e4m3 block scale * weight_scale_2, and a 0 past the end
     V::e4m3_to_float(scale + n * ss_r, kb, scale2[n / seg_rows], out);
     out[kb] = 0.f;
@@ -296,6 +298,16 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
   std::free(sbuf);
 }
 
+// Requests the bytes of rows [n, n + rows) of d, `bytes` per row: the first tile of a range, which no
+// earlier tile prefetches as it runs (a work item's range starts cold in a decode step).
+template <class D>
+inline void prefetch_rows(const D& d, int64_t n, int64_t rows, int64_t bytes) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const uint8_t* p = d.row(n + j).d;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+  }
+}
+
 // The 4-bit formats (LPB: product lanes per block, see V::e2m1_bf16) on the variant's bfloat16 dot
 // products, V::bf16_tile_rows(M) rows at a time, for up to MR activation rows that hold bfloat16
 // values; false (nothing done) where the variant has none. kb blocks per row, kp elements per row (a
@@ -313,6 +325,9 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
     const int64_t steps = (kp + VV::BF16_STEP - 1) / VV::BF16_STEP;
     const int64_t per_row = (kb + 8 + 15) / 16 * 16;  // the multipliers, then zeros the last step may read
     float* sbuf = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * TR * per_row));
+    // the first tile's bytes and every row's block scales of the range, requested up front
+    prefetch_rows(d, n0, n1 - n0 < tr ? n1 - n0 : tr, kp / 2);
+    for (int64_t b = 0; b < (n1 - n0) * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n0) + b);
     auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * 4 * steps * M));
     VV::bf16_x_e2m1(x, ldx, kp, M, xb);
     for (int64_t n = n0; n < n1; n += tr) {
@@ -348,6 +363,7 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
     constexpr int TR = VV::BF16_TILE_ROWS;
     const int tr = VV::bf16_tile_rows(M);
     const int64_t kp = padded_k(k);
+    prefetch_rows(d, n0, n1 - n0 < tr ? n1 - n0 : tr, k);  // the first tile, up front
     auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * (kp / 32) * M));
     VV::bf16_x_plain(x, ldx, kp, M, xb);
     for (int64_t n = n0; n < n1; n += tr) {
