@@ -66,51 +66,96 @@ struct V {
   // The 4-bit formats against activation rows that hold bfloat16 values (the bfloat16 compute dtype),
   // where the CPU has AVX512-BF16 (the caller checks): E2M1 values are bfloat16 values, so vdpbf16ps
   // multiplies exactly and accumulates in float32, two elements per lane, at half the instructions
-  // of a float32 FMA; the block scales are applied once per block after the dot product.
-  // Per step of 64 elements (32 bytes): the bytes widened to words, low and high nibbles looked up
-  // in a 16-word table of bfloat16 (vpermw) -> 32 even and 32 odd elements; lane i of the products
-  // holds bytes 2i, 2i+1, so lanes 0-7 belong to the first 16 bytes (an MXFP4 block of 32) and every
-  // 4 lanes to 8 bytes (an NVFP4 block of 16): LPB lanes per block. The activations, prepared as
-  // groups of [16 even, 16 odd] float32 (api.h), are narrowed to bfloat16 (exactly) to match.
-  // rows(n) -> (bytes of row n, its block multipliers with zeros past the end); kp elements per row.
+  // of a float32 FMA; the block scales are applied once per block after the dot products.
+  // A step covers 128 elements (64 bytes, one cache line of a row): word lane l of the bytes holds
+  // bytes 2l, 2l+1, i.e. elements 4l..4l+3 as its nibbles q = 0..3; nibble q (the word shifted right
+  // by 4q) looked up in a 16-word table of bfloat16 (vpermw) gives element 4l+q in word lane l, with
+  // no widening of the bytes. The activations are converted once per call (bf16_x_e2m1) to match:
+  // for each step and q, word lane l holds element 4l+q. The products' float lane i sums word lanes
+  // 2i, 2i+1 over the four q, elements 8i..8i+7: lanes 4b..4b+3 belong to MXFP4 block b of the step
+  // (32 elements), lanes 2b, 2b+1 to NVFP4 block b (16): LPB lanes per block.
   static constexpr bool BF16_DOT = true;
+  using BX = __m512bh;  // the activations' bfloat16 vectors
+  static constexpr int BF16_STEP = 128;  // elements per step of e2m1_bf16_tile
 
-  template <int LPB, int MR, int NR_, class Rows>
-  __attribute__((target("avx512bf16"))) static void e2m1_bf16_tile(const Rows& rows, int nvalid, const float* x,
-                                                                   int64_t ldx, int64_t kp, float* out, int64_t ldo) {
-    // the 16 E2M1 values as bfloat16, twice: vpermw reads the low 5 bits of each index, so a whole
-    // byte (bit 4 the high nibble's lowest) picks its low nibble's value without masking
+  // x: M rows of kp float32 in prepare_row's layout (groups of 32: 16 even, then 16 odd elements) ->
+  // xb: M rows of `steps` x 4 bfloat16 vectors (row m, step s, nibble q at xb[(m * steps + s) * 4 + q]),
+  // zero past kp. The values are bfloat16 already (the compute dtype), so the narrowing is exact.
+  __attribute__((target("avx512bf16"))) static void bf16_x_e2m1(const float* x, int64_t ldx, int64_t kp, int64_t M,
+                                                                __m512bh* xb) {
+    const int64_t steps = (kp + BF16_STEP - 1) / BF16_STEP;
+    // vector q, lanes l < 8 from group 2h (lanes l >= 8 from group 2h + 1) of the half (q & 1):
+    // float 2 (l % 8) + (q >> 1) of it
+    __m512i idx[2];
+    for (int hi = 0; hi < 2; ++hi) {
+      alignas(64) int32_t v[16];
+      for (int l = 0; l < 16; ++l) v[l] = (l < 8 ? 0 : 16) + 2 * (l % 8) + hi;
+      idx[hi] = _mm512_load_si512(v);
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * ldx;
+      for (int64_t st = 0; st < steps; ++st) {
+        F g[4][2];  // groups of the step: [even, odd] halves, zero past kp
+        for (int gi = 0; gi < 4; ++gi) {
+          const int64_t e0 = st * BF16_STEP + gi * 32;
+          const __mmask16 live = e0 < kp ? __mmask16(0xFFFF) : __mmask16(0);
+          g[gi][0] = _mm512_maskz_loadu_ps(live, xr + (e0 < kp ? e0 : 0));
+          g[gi][1] = _mm512_maskz_loadu_ps(live, xr + (e0 < kp ? e0 + 16 : 0));
+        }
+        for (int q = 0; q < 4; ++q) {
+          const F lo = _mm512_permutex2var_ps(g[0][q & 1], idx[q >> 1], g[1][q & 1]);  // lanes 0-15
+          const F hi = _mm512_permutex2var_ps(g[2][q & 1], idx[q >> 1], g[3][q & 1]);  // lanes 16-31
+          xb[(m * steps + st) * 4 + q] = _mm512_cvtne2ps_pbh(hi, lo);
+        }
+      }
+    }
+  }
+
+  // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid, over an NR_-row tile: rows d[j]
+  // with their block multipliers s[j] (zeros for 8 past the last block); `ahead` bytes from each
+  // row is the same row of the next tile, prefetched one cache line per step as the tile runs.
+  // kp elements per row (a multiple of 16); the last step's bytes past the row are not read.
+  template <int LPB, int MR, int NR_>
+  __attribute__((target("avx512bf16"))) static void e2m1_bf16_tile(const uint8_t* const* d, const float* const* s,
+                                                                   int64_t ahead, int nvalid, const __m512bh* xb,
+                                                                   int64_t kp, float* out, int64_t ldo) {
+    // the 16 E2M1 values as bfloat16, twice: vpermw reads the low 5 bits of each index, so a word
+    // shifted right by 4q picks its nibble q's value without masking
     const __m512i table = _mm512_setr_epi32(0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080, 0xBF008000, 0xBFC0BF80,
                                             0xC040C000, 0xC0C0C080, 0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080,
                                             0xBF008000, 0xBFC0BF80, 0xC040C000, 0xC0C0C080);
-    __m512i sidx = _mm512_setzero_si512();  // lane i -> block i / LPB of the step
-    for (int i = 0; i < 16; ++i) sidx = _mm512_mask_set1_epi32(sidx, __mmask16(1u << i), i / LPB);
+    alignas(64) int32_t sv_idx[16];
+    for (int i = 0; i < 16; ++i) sv_idx[i] = i / LPB;  // lane i -> block i / LPB of the step
+    const __m512i sidx = _mm512_load_si512(sv_idx);
     constexpr int BPS = 16 / LPB;  // blocks per step
-    const uint8_t* d[NR_];
-    const float* s[NR_];
-    for (int j = 0; j < NR_; ++j) rows.at(j, d[j], s[j]);
+    const int64_t steps = (kp + BF16_STEP - 1) / BF16_STEP;
+    const int64_t full = kp / BF16_STEP;
+    const __mmask64 tail = (kp % BF16_STEP) ? (~__mmask64(0) >> (64 - (kp % BF16_STEP) / 2)) : ~__mmask64(0);
     F acc[MR][NR_];
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < NR_; ++j) acc[m][j] = zero();
-    for (int64_t e0 = 0; e0 < kp; e0 += 64) {
-      const int64_t rem = kp - e0 < 64 ? kp - e0 : 64;
-      const __mmask32 bytes = rem == 64 ? ~__mmask32(0) : __mmask32((1ull << (rem / 2)) - 1);
-      const __mmask16 second = rem > 32 ? 0xFFFF : 0;  // x group 1 (elements 32-63) present
-      __m512bh xe[MR], xo[MR];
-      for (int m = 0; m < MR; ++m) {
-        const float* xr = x + m * ldx + e0;
-        xe[m] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(second, xr + 32), _mm512_loadu_ps(xr));
-        xo[m] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(second, xr + 48), _mm512_loadu_ps(xr + 16));
-      }
+    for (int64_t st = 0; st < steps; ++st) {
+      const bool last = st == full;  // a partial last step
       for (int j = 0; j < NR_; ++j) {
-        const uint8_t* p = d[j] + e0 / 2;
-        __builtin_prefetch(p + rows.ahead);  // the same bytes of the next tile's row
-        const __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(bytes, p));
-        const __m512bh we = (__m512bh)_mm512_permutexvar_epi16(b, table);
-        const __m512bh wo = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
-        const F sv = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_loadu_ps(s[j] + (e0 / 64) * BPS)));
+        const uint8_t* p = d[j] + st * (BF16_STEP / 2);
+        __m512i b;
+        if (last) {
+          b = _mm512_maskz_loadu_epi8(tail, p);
+        } else {
+          __builtin_prefetch(p + ahead);
+          b = _mm512_loadu_si512(p);
+        }
+        const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(b, table);
+        const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+        const __m512bh w2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 8), table);
+        const __m512bh w3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 12), table);
+        const F sv = _mm512_permutexvar_ps(sidx, _mm512_castps256_ps512(_mm256_loadu_ps(s[j] + st * BPS)));
         for (int m = 0; m < MR; ++m) {
-          const F t = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero(), we, xe[m]), wo, xo[m]);
+          const __m512bh* xq = xb + (m * steps + st) * 4;
+          F t = _mm512_dpbf16_ps(zero(), w0, xq[0]);
+          t = _mm512_dpbf16_ps(t, w1, xq[1]);
+          t = _mm512_dpbf16_ps(t, w2, xq[2]);
+          t = _mm512_dpbf16_ps(t, w3, xq[3]);
           acc[m][j] = fma(t, sv, acc[m][j]);
         }
       }
@@ -119,13 +164,88 @@ struct V {
       for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
   }
 
-  template <int LPB, class Rows, int MR = 4>
-  static void e2m1_bf16(const Rows& rows, int nvalid, const float* x, int64_t ldx, int64_t kp, float* out,
-                        int64_t ldo, int64_t mr) {
+  // Weight rows per tile of e2m1_bf16_tile for mr activation rows: more rows (more independent
+  // accumulators and load streams) where few activation rows leave registers for them.
+  static constexpr int BF16_TILE_ROWS = 8;
+  static int bf16_tile_rows(int64_t mr) { return mr <= 2 ? 8 : 4; }
+
+  template <int LPB, int MR = 4>
+  static void e2m1_bf16(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
+                        int64_t kp, float* out, int64_t ldo, int64_t mr) {
     if constexpr (MR > 1) {
-      if (mr < MR) return e2m1_bf16<LPB, Rows, MR - 1>(rows, nvalid, x, ldx, kp, out, ldo, mr);
+      if (mr < MR) return e2m1_bf16<LPB, MR - 1>(d, s, ahead, nvalid, xb, kp, out, ldo, mr);
     }
-    e2m1_bf16_tile<LPB, MR, NR>(rows, nvalid, x, ldx, kp, out, ldo);
+    if (MR <= 2) return e2m1_bf16_tile<LPB, MR, 8>(d, s, ahead, nvalid, xb, kp, out, ldo);
+    e2m1_bf16_tile<LPB, MR, 4>(d, s, ahead, nvalid, xb, kp, out, ldo);
+  }
+
+  // FP8 (E4M3) weights against activation rows that hold bfloat16 values, where the CPU has
+  // AVX512-BF16: every E4M3 value is a bfloat16 value (3 mantissa bits, exponents within range), so
+  // each 32-byte chunk becomes one vector of 32 bfloat16 (fp8_chunk's float16 trick, widened to
+  // float32 and narrowed to bfloat16, both exactly) that vdpbf16ps multiplies exactly; the
+  // products of a block's chunks are summed, then scaled once by the block's scale.
+  // x: M rows of kp float32 (as prepare_row writes them: as is) -> xb: M rows of kp / 32 bfloat16
+  // vectors in element order (row m, chunk c at xb[m * (kp / 32) + c]).
+  __attribute__((target("avx512bf16"))) static void bf16_x_plain(const float* x, int64_t ldx, int64_t kp, int64_t M,
+                                                                 __m512bh* xb) {
+    const int64_t chunks = kp / 32;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < chunks; ++c)
+        xb[m * chunks + c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + m * ldx + 32 * c + 16), _mm512_loadu_ps(x + m * ldx + 32 * c));
+  }
+
+  // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid over an NR_-row tile: rows d[j]
+  // of k e4m3 bytes (the last chunk's bytes past k are not read) with their scale rows s[j] (one
+  // float per qbk elements; qbk a multiple of 32); `ahead` bytes from each row is the same row of the
+  // next tile, prefetched a cache line per two chunks.
+  template <int MR, int NR_>
+  __attribute__((target("avx512bf16"))) static void fp8_bf16_tile(const uint8_t* const* d, const float* const* s,
+                                                                  int64_t ahead, int nvalid, const __m512bh* xb,
+                                                                  int64_t k, int64_t qbk, float* out, int64_t ldo) {
+    const int64_t chunks = (k + 31) / 32, full = k / 32, per_block = qbk / 32;
+    const __mmask32 tail = (k % 32) ? __mmask32((1u << (k % 32)) - 1) : ~__mmask32(0);
+    F acc[MR][NR_];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NR_; ++j) acc[m][j] = zero();
+    for (int64_t c0 = 0; c0 < chunks; c0 += per_block) {
+      const int64_t c1 = c0 + per_block < chunks ? c0 + per_block : chunks;
+      F t[MR][NR_];
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < NR_; ++j) t[m][j] = zero();
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int j = 0; j < NR_; ++j) {
+          const uint8_t* p = d[j] + 32 * c;
+          __m256i raw;
+          if (c < full) {
+            if (!(c & 1)) __builtin_prefetch(p + ahead);
+            raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+          } else {
+            raw = _mm256_maskz_loadu_epi8(tail, p);
+          }
+          // e4m3 -> float16 (value / 2^8) -> float32 -> bfloat16, all exact
+          const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 7), _mm512_set1_epi16(short(0xBFFF)));
+          const __m512bh w = _mm512_cvtne2ps_pbh(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
+                                                 _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+          for (int m = 0; m < MR; ++m) t[m][j] = _mm512_dpbf16_ps(t[m][j], w, xb[m * chunks + c]);
+        }
+      }
+      for (int j = 0; j < NR_; ++j) {
+        const F sc = set1(s[j][c0 / per_block] * 256.0f);
+        for (int m = 0; m < MR; ++m) acc[m][j] = fma(t[m][j], sc, acc[m][j]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
+  }
+
+  template <int MR = 4>
+  static void fp8_bf16(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
+                       int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr) {
+    if constexpr (MR > 1) {
+      if (mr < MR) return fp8_bf16<MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr);
+    }
+    if (MR <= 2) return fp8_bf16_tile<MR, 8>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+    fp8_bf16_tile<MR, 4>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
   }
 
   // 16 bytes of E2M1 pairs, one scale -> even elements (low nibbles) and odd elements (high

@@ -91,6 +91,7 @@ struct DecMXFP4 {
   const uint8_t* scale;  // this expert's [N, KB]
   int64_t ss_r, kb;
   Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  const uint8_t* scale_row(int64_t n) const { return scale + n * ss_r; }
   void scales(int64_t n, float* out) const {  // 2^(s - 127), s == 0 the subnormal 2^-127
     const uint8_t* s = scale + n * ss_r;
     uint32_t* bits = reinterpret_cast<uint32_t*>(out);
@@ -109,6 +110,7 @@ struct DecNVFP4 {
   const float* scale2;  // this expert's [S]
   int64_t seg_rows, kb;
   Row row(int64_t n) const { return {base + n * stride, nullptr}; }
+  const uint8_t* scale_row(int64_t n) const { return scale + n * ss_r; }
   void scales(int64_t n, float* out) const {  // e4m3 block scale * weight_scale_2, and a 0 past the end
     V::e4m3_to_float(scale + n * ss_r, kb, scale2[n / seg_rows], out);
     out[kb] = 0.f;
@@ -296,21 +298,21 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
   std::free(sbuf);
 }
 
-// One tile of NR rows for V::e2m1_bf16: each row's bytes and its block multipliers, and the distance
-// in bytes to the same row of the next tile (prefetched as the tile runs, as the register tiles do).
-struct TileRows {
-  const uint8_t* d[NR];
-  const float* s[NR];
-  int64_t ahead;
-  void at(int j, const uint8_t*& p, const float*& q) const {
-    p = d[j];
-    q = s[j];
+// Requests the bytes of rows [n, n + rows) of d, `bytes` per row: the first tile of a range, which no
+// earlier tile prefetches as it runs (a work item's range starts cold in a decode step).
+template <class D>
+inline void prefetch_rows(const D& d, int64_t n, int64_t rows, int64_t bytes) {
+  for (int64_t j = 0; j < rows; ++j) {
+    const uint8_t* p = d.row(n + j).d;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
   }
-};
+}
 
 // The 4-bit formats (LPB: product lanes per block, see V::e2m1_bf16) on the variant's bfloat16 dot
-// products, NR rows at a time, for up to MR activation rows that hold bfloat16 values; false (nothing
-// done) where the variant has none. kb blocks per row, kp elements per row (a multiple of 16).
+// products, V::bf16_tile_rows(M) rows at a time, for up to MR activation rows that hold bfloat16
+// values; false (nothing done) where the variant has none. kb blocks per row, kp elements per row (a
+// multiple of 16). The activation rows are converted to bfloat16 once per call, in the layout the
+// tiles read.
 template <int LPB, class D, class VV = V>
 bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx, int64_t kp,
                  float* out, int64_t ldo) {
@@ -318,23 +320,64 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
     return false;
   } else {
     if (M > VV::MR) return false;
+    constexpr int TR = VV::BF16_TILE_ROWS;  // the most rows a tile takes
+    const int tr = VV::bf16_tile_rows(M);
+    const int64_t steps = (kp + VV::BF16_STEP - 1) / VV::BF16_STEP;
     const int64_t per_row = (kb + 8 + 15) / 16 * 16;  // the multipliers, then zeros the last step may read
-    float* sbuf = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * NR * per_row));
-    for (int64_t n = n0; n < n1; n += NR) {
-      const int nvalid = int(n1 - n < NR ? n1 - n : NR);
-      TileRows t;
-      t.ahead = NR * d.stride;
-      for (int j = 0; j < NR; ++j) {
+    float* sbuf = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * TR * per_row));
+    // the first tile's bytes and every row's block scales of the range, requested up front
+    prefetch_rows(d, n0, n1 - n0 < tr ? n1 - n0 : tr, kp / 2);
+    for (int64_t b = 0; b < (n1 - n0) * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n0) + b);
+    auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * 4 * steps * M));
+    VV::bf16_x_e2m1(x, ldx, kp, M, xb);
+    for (int64_t n = n0; n < n1; n += tr) {
+      const int nvalid = int(n1 - n < tr ? n1 - n : tr);
+      const uint8_t* rd[TR];
+      const float* rs[TR];
+      for (int j = 0; j < tr; ++j) {
         const int64_t nj = n + (j < nvalid ? j : nvalid - 1);
         float* sj = sbuf + j * per_row;
         d.scales(nj, sj);
         std::memset(sj + kb, 0, sizeof(float) * 8);
-        t.d[j] = d.row(nj).d;
-        t.s[j] = sj;
+        rd[j] = d.row(nj).d;
+        rs[j] = sj;
       }
-      VV::template e2m1_bf16<LPB>(t, nvalid, x, ldx, kp, out + (n - n0), ldo, M);
+      VV::template e2m1_bf16<LPB>(rd, rs, tr * d.stride, nvalid, xb, kp, out + (n - n0), ldo, M);
     }
+    std::free(xb);
     std::free(sbuf);
+    return true;
+  }
+}
+
+// FP8 weights on the variant's bfloat16 dot products (V::fp8_bf16), V::bf16_tile_rows(M) rows at a
+// time, for up to MR activation rows that hold bfloat16 values; false (nothing done) where the
+// variant has none. The activation rows are converted to bfloat16 once per call.
+template <class VV = V>
+bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
+                     float* out, int64_t ldo) {
+  if constexpr (!VV::BF16_DOT) {
+    return false;
+  } else {
+    if (M > VV::MR) return false;
+    constexpr int TR = VV::BF16_TILE_ROWS;
+    const int tr = VV::bf16_tile_rows(M);
+    const int64_t kp = padded_k(k);
+    prefetch_rows(d, n0, n1 - n0 < tr ? n1 - n0 : tr, k);  // the first tile, up front
+    auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * (kp / 32) * M));
+    VV::bf16_x_plain(x, ldx, kp, M, xb);
+    for (int64_t n = n0; n < n1; n += tr) {
+      const int nvalid = int(n1 - n < tr ? n1 - n : tr);
+      const uint8_t* rd[TR];
+      const float* rs[TR];
+      for (int j = 0; j < tr; ++j) {
+        const Row r = d.row(n + (j < nvalid ? j : nvalid - 1));
+        rd[j] = r.d;
+        rs[j] = r.s;
+      }
+      VV::fp8_bf16(rd, rs, tr * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+    }
+    std::free(xb);
     return true;
   }
 }
@@ -383,18 +426,19 @@ void matmul(const Weights& w, int64_t e, int64_t n0, int64_t n1, const float* x,
     case FMT_FP8: {
       const DecFP8 d{data + e * w.sd_e, w.sd_n, static_cast<const float*>(w.scale) + e * w.ss_e, w.ss_r,
                      w.seg_rows, w.per_seg, w.qbn, w.qbk};
+      if (w.bf16_x && matmul_fp8_bf16(d, w.k, n0, n1, x, M, ldx, out, ldo)) return;
       return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, false);
     }
     case FMT_MXFP4: {
       const DecMXFP4 d{data + e * w.sd_e, w.sd_n, static_cast<const uint8_t*>(w.scale) + e * w.ss_e, w.ss_r,
                        padded_k(w.k) / 32};
-      if (w.bf16_x && matmul_bf16<8>(d, d.kb, n0, n1, x, M, ldx, padded_k(w.k), out, ldo)) return;
+      if (w.bf16_x && matmul_bf16<4>(d, d.kb, n0, n1, x, M, ldx, padded_k(w.k), out, ldo)) return;
       return matmul_fmt(d, n0, n1, x, M, ldx, padded_k(w.k), out, ldo, false);
     }
     case FMT_NVFP4: {
       const DecNVFP4 d{data + e * w.sd_e, w.sd_n, static_cast<const uint8_t*>(w.scale) + e * w.ss_e, w.ss_r,
                        w.scale2 + e * w.s2_e, w.seg_rows, (w.k + 15) / 16};
-      if (w.bf16_x && matmul_bf16<4>(d, d.kb, n0, n1, x, M, ldx, (w.k + 15) / 16 * 16, out, ldo)) return;
+      if (w.bf16_x && matmul_bf16<2>(d, d.kb, n0, n1, x, M, ldx, (w.k + 15) / 16 * 16, out, ldo)) return;
       return matmul_fmt(d, n0, n1, x, M, ldx, (w.k + 15) / 16 * 16, out, ldo, false);
     }
   }
