@@ -1,6 +1,6 @@
 """HTTP gateway vs the router's gRPC on the same mesh: `--concurrency` streams of the same
 workload (random prompt ids, greedy, exactly `--output-len` tokens each) sent once through the
-gateway's `/v1/completions` (SSE, `httpx`) and once straight to the router's `Generate` (grpc.aio),
+gateway's `/v1/completions` (SSE) and once straight to the router's `Generate` (grpc.aio),
 alternating which goes first, `--rounds` times. Prints tokens/s and TTFT p50/p99 of each run, the
 gateway/router throughput ratio (target >= 0.95x) and the p50 TTFT the gateway adds (target <= 5 ms),
 both as the median over the rounds.
@@ -8,7 +8,11 @@ both as the median over the rounds.
 The gateway's time to first token is taken at the first SSE chunk carrying text (a first token whose
 text is held back as an incomplete UTF-8 character counts at the next chunk), and the router's at
 the first `Generate` message carrying text, the same moment for a client that shows text; its token
-count comes from the final usage chunk. Both clients run in this process, so their own costs are in the figures.
+count comes from the final usage chunk. Both clients run in this process, so their own costs are in the
+figures, taken from the mesh on the same cores: the HTTP side reads over bench/sse_client.py (raw
+asyncio streams), no costlier per request and per event than the gRPC side's grpc.aio client (httpx,
+used before, cost several times more and sent some of the concurrent requests late; see
+docs/benchmarks.md).
 
     python bench/gateway_vs_router.py [--shape demo|qwen3-sparse] [--model DIR] [--num-requests 64]
         [--output-len 64] [--rounds 3] [--json]
@@ -50,38 +54,38 @@ async def closed_loop(n: int, concurrency: int, one) -> float:
 
 
 async def run_http(address: str, work, name: str = "gateway"):
-    """The workload through the gateway's streamed /v1/completions (prompt as token ids)."""
-    import httpx
-
+    """The workload through the gateway's streamed /v1/completions (prompt as token ids), one
+    keep-alive connection per stream (bench/sse_client.py)."""
+    from bench.sse_client import SseConnection
     from router_svc.loadgen import BenchResult, RequestTiming
 
     prompts = work.prompts()
     timings = [None] * work.num_requests
-    limits = httpx.Limits(max_connections=work.concurrency, max_keepalive_connections=work.concurrency)
-    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=None, limits=limits) as client:
-        # open every connection before the clock starts (the gRPC side reuses one warm channel)
-        await asyncio.gather(*(client.get("/health") for _ in range(work.concurrency)))
-
+    host, port = address.rsplit(":", 1)
+    # every connection opened before the clock starts (the gRPC side reuses one warm channel)
+    idle = [await SseConnection(host, int(port)).open() for _ in range(min(work.concurrency, work.num_requests))]
+    try:
         async def one(i: int) -> None:
             body = {"prompt": prompts[i], "max_tokens": work.output_len, "temperature": 0, "ignore_eos": True,
                     "stream": True, "stream_options": {"include_usage": True}}
+            conn = idle.pop()
             t = RequestTiming(time.perf_counter())
-            async with client.stream("POST", "/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    raise RuntimeError(f"gateway answered {resp.status_code}: {(await resp.aread()).decode()[:300]}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
+            try:
+                async for chunk in conn.post_events("/v1/completions", body):
                     if not t.first and chunk["choices"] and chunk["choices"][0]["text"]:
                         t.first = time.perf_counter()
                     if chunk.get("usage"):
                         t.tokens = chunk["usage"]["completion_tokens"]
+            finally:
+                idle.append(conn)
             t.done = time.perf_counter()
             t.first = t.first or t.done
             timings[i] = t
 
         wall = await closed_loop(work.num_requests, work.concurrency, one)
+    finally:
+        for conn in idle:
+            await conn.close()
     return BenchResult(name, wall, timings)
 
 
