@@ -27,6 +27,7 @@ class GenerationStream:
 
     def __init__(self, first, rest: AsyncIterator, metrics: ServiceMetrics) -> None:
         self.first = first
+        self.finished = False  # the final response (the one with a finish_reason) was handed out
         self._rest = rest
         self._metrics = metrics
 
@@ -34,6 +35,7 @@ class GenerationStream:
         resp = self.first
         while True:
             if resp.finish_reason:
+                self.finished = True
                 self._metrics.add_tokens(resp.usage.prompt_tokens, resp.usage.completion_tokens)
             yield resp
             if resp.finish_reason:
