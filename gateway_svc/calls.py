@@ -77,23 +77,25 @@ class Generations:
 async def unless_disconnected(receive, work):
     """Awaits `work` (a coroutine) unless the HTTP client disconnects first: then `work` is cancelled
     (closing its Generate call) and ClientGone raised. `receive` is the request's ASGI receive,
-    called only after its body was read (it then returns when the client goes away)."""
-    task = asyncio.ensure_future(work)
+    called only after its body was read (it then returns when the client goes away). `work` runs in
+    this task (no task of its own): a watcher task cancels it here when the client goes."""
+    current = asyncio.current_task()
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         while (await receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        current.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
-        raise
+        if not gone:
+            raise
+        current.uncancel()
+        raise ClientGone() from None
     finally:
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise ClientGone()
