@@ -13,10 +13,8 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
-from moemesh.models.deepseek_v3.config import rope_parameters
-from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from moemesh.models.glm4_moe.config import rotary_dim
-from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation, permute_heads
+from moemesh.models.partial_rope import permute_heads, permuted_rope
 
 
 class GlmAttention:
@@ -24,10 +22,8 @@ class GlmAttention:
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         self.cfg, self.dtype = cfg, dtype
-        rot = rotary_dim(cfg)
-        self.perm = head_permutation(cfg.head_dim, rot)  # [D]
-        partial = build_rotary_table(rope_parameters(cfg.raw), rot, cfg.max_position_embeddings)
-        self.rope = full_width_table(partial, cfg.head_dim)
+        rope = permuted_rope(cfg, rotary_dim(cfg))
+        self.perm, self.rope = rope.perm, rope.table  # [D], [P, D]
 
     def load(self, reader: CheckpointReader, prefix: str) -> AttentionWeights:
         """q/k projection rows, biases and norm weights come back with each head's dims permuted."""

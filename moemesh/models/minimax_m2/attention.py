@@ -4,7 +4,7 @@ each head; no biases. Runs on the engine's paged attention core.
 
 Shape legend: T tokens, H hidden, NH query heads, KVH key/value heads, D head dim.
 
-The partial rope runs as a full-width rope over permuted head dims (glm4_moe/partial_rope.py): q/k
+The partial rope runs as a full-width rope over permuted head dims (models/partial_rope.py): q/k
 projection rows and the norm weights are permuted per head at load; an RMS over all heads is the same
 after a permutation, so every q.k is unchanged.
 """
@@ -19,10 +19,8 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.models.attention import paged_attention
 from moemesh.models.batch import BatchMeta
-from moemesh.models.deepseek_v3.config import rope_parameters
-from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
-from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation, permute_heads
 from moemesh.models.layers import RotaryTable, apply_rope_signed, linear, matmul_layout, rms_norm, rope_for_step
+from moemesh.models.partial_rope import permute_heads, permuted_rope
 from moemesh.models.minimax_m2.config import rotary_dim
 
 
@@ -45,10 +43,8 @@ class MiniMaxAttention:
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         self.cfg, self.dtype = cfg, dtype
-        rot = rotary_dim(cfg)
-        self.perm = head_permutation(cfg.head_dim, rot)  # [D]
-        partial = build_rotary_table(rope_parameters(cfg.raw), rot, cfg.max_position_embeddings)
-        self.rope: RotaryTable = full_width_table(partial, cfg.head_dim)
+        rope = permuted_rope(cfg, rotary_dim(cfg))
+        self.perm, self.rope = rope.perm, rope.table  # [D], [P, D]
 
     def load(self, reader: CheckpointReader, prefix: str) -> MiniMaxAttentionWeights:
         cfg, dt, perm = self.cfg, self.dtype, self.perm

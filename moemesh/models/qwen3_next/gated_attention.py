@@ -5,7 +5,7 @@ rope on the first `rotary_dim` dims of each head. Runs on the engine's paged att
 Shape legend: T tokens, H hidden, NH query heads, KVH key/value heads, D head dim.
 
 On disk q_proj [NH*2D, H] holds per head its D query rows then its D gate rows; they are split at
-load. The partial rope runs as a full-width rope over permuted q/k head dims (glm4_moe/partial_rope.py,
+load. The partial rope runs as a full-width rope over permuted q/k head dims (models/partial_rope.py,
 norm weights permuted alike); the gate and values keep their order.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.models.attention import paged_attention
 from moemesh.models.batch import BatchMeta
-from moemesh.models.glm4_moe.partial_rope import permute_heads
+from moemesh.models.partial_rope import permute_heads
 from moemesh.models.layers import apply_rope_signed, linear, matmul_layout
 from moemesh.models.qwen3_next.norms import scaled_rms_norm, zero_centered
 

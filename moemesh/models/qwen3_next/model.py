@@ -20,13 +20,11 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.checkpoint.progress import load_layers
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
-from moemesh.models.deepseek_v3.config import rope_parameters
 from moemesh.models.deepseek_v3.decoder import tensors_of
 from moemesh.checkpoint.fp8_dequant import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, load_dense_mlp
-from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
-from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation
 from moemesh.models.layers import linear, matmul_layout, rope_for_step
+from moemesh.models.partial_rope import permuted_rope
 from moemesh.models.qwen3_next.config import HybridConfig
 from moemesh.models.qwen3_next.gated_attention import GatedAttentionWeights, gated_attention, load_gated_attention
 from moemesh.models.qwen3_next.gated_deltanet import DeltaNetWeights, gated_deltanet, load_deltanet
@@ -57,9 +55,8 @@ class Qwen3NextForCausalLM:
         self.cfg, self.dtype = cfg, dtype
         reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         self.hybrid = HybridConfig.from_model_config(cfg)
-        self.perm = head_permutation(cfg.head_dim, self.hybrid.rotary_dim)  # [D]
-        partial = build_rotary_table(rope_parameters(cfg.raw), self.hybrid.rotary_dim, cfg.max_position_embeddings)
-        self.rope = full_width_table(partial, cfg.head_dim)
+        rope = permuted_rope(cfg, self.hybrid.rotary_dim)
+        self.perm, self.rope = rope.perm, rope.table  # [D], [P, D]
         h, v = cfg.hidden_size, cfg.vocab_size
         self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
         self.layers: list[HybridLayer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))

@@ -19,7 +19,7 @@ from moemesh.engine.recurrent_state import RecurrentStateStore
 from moemesh.models.batch import BatchMeta, SeqSlice
 from moemesh.models.deepseek_v3.config import rope_parameters
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
-from moemesh.models.glm4_moe.partial_rope import full_width_table, head_permutation
+from moemesh.models.partial_rope import full_width_table, head_permutation
 from moemesh.models.layers import rope_for_step
 from moemesh.models.qwen3_next.config import HybridConfig
 from moemesh.models.qwen3_next.gated_attention import gated_attention, load_gated_attention

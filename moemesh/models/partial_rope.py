@@ -12,10 +12,30 @@ hence the attention, is unchanged; values are not touched.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from moemesh.config import ModelConfig
+from moemesh.models.deepseek_v3.config import rope_parameters
+from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from moemesh.models.layers import RotaryTable
+
+
+@dataclass(frozen=True)
+class PermutedRope:
+    """perm [Dh] (new dim j holds old dim perm[j]) and the full-width table [P, Dh] for that layout."""
+
+    perm: Tensor
+    table: RotaryTable
+
+
+def permuted_rope(cfg: ModelConfig, rotary_dim: int) -> PermutedRope:
+    """The model's rope (its rope_parameters, yarn included) on the first `rotary_dim` dims of each
+    head, as a full-width rope over permuted head dims."""
+    partial = build_rotary_table(rope_parameters(cfg.raw), rotary_dim, cfg.max_position_embeddings)
+    return PermutedRope(perm=head_permutation(cfg.head_dim, rotary_dim), table=full_width_table(partial, cfg.head_dim))
 
 
 def head_permutation(head_dim: int, rotary_dim: int) -> Tensor:

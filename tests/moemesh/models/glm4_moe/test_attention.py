@@ -1,5 +1,5 @@
-"""GLM-4.5's partial rotary run as a permuted full-width rope: same attention as transformers'
-Glm4MoeAttention (q/k norm, qkv bias), and the permutation is a bijection that keeps q.k."""
+"""GLM-4.5's attention (partial rotary as a permuted full-width rope, q/k norm, qkv bias): the same
+attention as transformers' Glm4MoeAttention."""
 from __future__ import annotations
 
 import pytest
@@ -8,23 +8,8 @@ from transformers.models.glm4_moe import modeling_glm4_moe as glm
 
 from moemesh.engine.kv_cache import KVCache
 from moemesh.models.glm4_moe.attention import GlmAttention
-from moemesh.models.glm4_moe.partial_rope import head_permutation
 from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta
 from tests.fixtures.checkpoints import tiny_config
-
-
-@pytest.mark.parametrize("head_dim, rotary_dim", [(16, 8), (16, 4), (16, 16), (128, 64), (10, 6)])
-def test_permutation_is_a_bijection_with_rotated_pairs_in_place(head_dim, rotary_dim):
-    perm = head_permutation(head_dim, rotary_dim)
-    assert sorted(perm.tolist()) == list(range(head_dim))
-    half, rhalf = head_dim // 2, rotary_dim // 2
-    for i in range(rhalf):  # partial pair (i, i + D/2) lands on full-width pair (i, i + Dh/2)
-        assert (perm[i].item(), perm[half + i].item()) == (i, i + rhalf)
-
-
-def test_bad_rotary_dim_names_the_field():
-    with pytest.raises(ValueError, match="rotary_dim"):
-        head_permutation(16, 5)
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(use_qk_norm=False, attention_bias=False, partial_rotary_factor=0.25)])
