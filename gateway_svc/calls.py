@@ -89,6 +89,8 @@ async def unless_disconnected(receive, work):
         gone = True
         current.cancel()
 
+    # once `work` returns the watcher is cancelled before it can run again, so a response that
+    # `work` completed (after which receive() also says http.disconnect) cancels nothing
     watcher = asyncio.ensure_future(watch())
     try:
         return await work

@@ -1,8 +1,8 @@
 """Server-sent events: the body of every streamed answer.
 
 `EventStream` is the response: it writes each piece its body iterator yields as it comes (one
-`send`, one socket write), watches for the client going away (then stops reading the iterator),
-and always closes the iterator, however the response ends (finished, client gone, server
+`send`, one socket write), stops when the client goes away (`unless_disconnected`), and always
+closes the iterator, however the response ends (finished, client gone, server
 stopping), so the Generate call behind it is cancelled and the sequence aborted.
 
 `openai_sse` / `anthropic_sse` make the pieces. Once the router's final message is in, what is left
@@ -14,12 +14,12 @@ started is sent in the API's error shape, as the SDKs expect (OpenAI: a `data:` 
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
 from starlette.responses import Response
 
+from gateway_svc.calls import ClientGone, unless_disconnected
 from gateway_svc.errors import ApiError, from_mesh_error
 from moemesh.errors import MeshError
 
@@ -52,36 +52,20 @@ class EventStream(Response):
         self.init_headers(HEADERS)
 
     async def __call__(self, scope, receive, send) -> None:
-        streaming = asyncio.current_task()
-        state = {"ending": False, "gone": False}
-
-        async def watch() -> None:  # receive() returns http.disconnect when the client goes away
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if not state["ending"]:  # (it also does once the response is complete)
-                state["gone"] = True
-                streaming.cancel()
-
-        watcher = asyncio.ensure_future(watch())
         try:
-            await self._write(send, state)
-        except asyncio.CancelledError:
-            if not state["gone"]:
-                raise
-            streaming.uncancel()  # the client went away: nothing more to send
+            await unless_disconnected(receive, self._write(send))
+        except ClientGone:
+            pass  # nothing more to send
         finally:
-            watcher.cancel()
             await self.body_iterator.aclose()
 
-    async def _write(self, send, state: dict) -> None:
+    async def _write(self, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for piece in self.body_iterator:
             if isinstance(piece, Last):
-                state["ending"] = True
                 await send({"type": "http.response.body", "body": piece.encode(), "more_body": False})
                 return
             await send({"type": "http.response.body", "body": piece.encode(), "more_body": True})
-        state["ending"] = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
