@@ -1,5 +1,6 @@
 """HTTP gateway vs the router's gRPC on the same mesh: `--concurrency` streams of the same
-workload (random prompt ids, greedy, exactly `--output-len` tokens each) sent once through the
+workload (random prompt ids, greedy, exactly `--output-len` tokens each; fresh prompts for every
+run, so no run finds an earlier run's prompts in the replicas' prefix cache) sent once through the
 gateway's `/v1/completions` (SSE) and once straight to the router's `Generate` (grpc.aio),
 alternating which goes first, `--rounds` times. Prints tokens/s and TTFT p50/p99 of each run, the
 gateway/router throughput ratio (target >= 0.95x) and the p50 TTFT the gateway adds (target <= 5 ms),
@@ -28,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __name__ == "__main__":  # as a script: the repository root instead of bench/ on sys.path
@@ -122,14 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         paths = {"gateway": lambda w, name: run_http(mesh.http_addr, w, name), "router": lambda w, name: run_grpc(router, w, name, first_at_text=True)}
         if ns.warmup_requests:
             # the measured shape (streams, prompt and output length), so no timed run is the first to
-            # meet its batch sizes and KV blocks (the first timed run measured slowest, whichever path)
+            # meet its batch sizes
             warm = Workload(num_requests=ns.warmup_requests, concurrency=min(ns.concurrency, ns.warmup_requests),
                             prompt_len=ns.prompt_len, output_len=ns.output_len, seed=1)
             for name, run in paths.items():
                 asyncio.run(run(warm, f"warmup/{name}"))
         for r in range(ns.rounds):
             order = ["gateway", "router"] if r % 2 == 0 else ["router", "gateway"]
-            results = {name: asyncio.run(paths[name](work, name)) for name in order}
+            # prompts of their own for every run (the same length, fresh random ids): the replicas
+            # cache prefixes, and a run repeating an earlier run's prompts would find them cached
+            results = {name: asyncio.run(paths[name](replace(work, seed=2 + 2 * r + k), name)) for k, name in enumerate(order)}
             rounds.append((results["gateway"], results["router"]))
     finally:
         mesh.stop()
