@@ -3,7 +3,8 @@
 Shape legend: T tokens, N rows (kept token-expert pairs) grouped by expert, G experts with rows,
 E experts of the layer, H hidden; per server s: T_s tokens it needs, N_s rows, G_s experts.
 
-`split_plan` gives each server its rows (grouped by expert) and the tokens they read, each once;
+`split_plan` gives each server its rows (grouped by expert) and the tokens they read, each once (a
+plan sending every token to every expert straight from its weights by expert, `split_every_expert`);
 `partial_sum` adds the servers' weighted partial sums back into [T, H]. The index work runs on numpy
 arrays: a handful of small operations per call, whatever the number of experts.
 """
@@ -73,12 +74,14 @@ class LayerCopies:
 
 def split_plan(plan: DispatchPlan, layer: LayerCopies, num_tokens: int, rotation: int = 0) -> list[ServerPart]:
     """The plan's rows by server (servers sorted by id; see `LayerCopies.chunks`): a plan that sends
-    every token to every expert (`plan.all_experts`) computes each expert whole on one copy, rotating
+    every token to every expert (`plan.by_expert`) computes each expert whole on one copy, rotating
     per call, so a server gets every token for each expert it computes."""
+    if plan.by_expert is not None:
+        return split_every_expert(plan.by_expert, layer, rotation)
     expert_ids, counts = plan.expert_ids.cpu().numpy(), plan.counts.cpu().numpy()
     if expert_ids.size and not (0 <= expert_ids.min() and expert_ids.max() < len(layer.copies)):
         raise ValueError(f"expert_ids: {expert_ids.tolist()} go beyond the placement's {len(layer.copies)} experts")
-    server, expert, rows = layer.chunks(expert_ids, counts, plan.all_experts, rotation)
+    server, expert, rows = layer.chunks(expert_ids, counts, False, rotation)
     by_server = np.argsort(np.repeat(server, rows), kind="stable")  # [N]: server 0's rows, then 1's, ...; each grouped by expert
     sizes = np.zeros(len(layer.names), dtype=np.int64)
     np.add.at(sizes, server, rows)
@@ -96,6 +99,29 @@ def split_plan(plan: DispatchPlan, layer: LayerCopies, num_tokens: int, rotation
             weights=torch.from_numpy(weights[part_rows]),
             expert_ids=torch.from_numpy(expert[mine]),
             counts=torch.from_numpy(rows[mine]),
+        ))
+    return parts
+
+
+def split_every_expert(by_expert: Tensor, layer: LayerCopies, rotation: int) -> list[ServerPart]:
+    """`split_plan` of a plan sending every token to every expert, from its weights by_expert [T, E]
+    without building the plan's rows: each expert whole on one copy, (e + rotation) % r; a server gets
+    every token (in order) for each expert it computes, its rows grouped by expert, ascending."""
+    num_tokens, num_experts = by_expert.shape
+    if num_experts != len(layer.copies):
+        raise ValueError(f"expert_ids: the plan's {num_experts} experts are not the placement's {len(layer.copies)}")
+    experts = np.arange(num_experts, dtype=np.int64)
+    server, _, _ = layer.chunks(experts, np.full(num_experts, num_tokens, dtype=np.int64), True, rotation)  # [E]
+    by_row = by_expert.t().cpu()  # [E, T]
+    tokens = torch.arange(num_tokens, dtype=torch.int32)  # [T]
+    parts = []
+    for i, name in enumerate(layer.names):
+        mine = torch.from_numpy(np.flatnonzero(server == i))  # [G_s] ascending
+        if not mine.numel():
+            continue
+        parts.append(ServerPart(
+            server_id=name, tokens=None, token_idx=tokens.repeat(mine.numel()), weights=by_row[mine].reshape(-1),
+            expert_ids=mine, counts=torch.full((mine.numel(),), num_tokens, dtype=torch.int64),
         ))
     return parts
 

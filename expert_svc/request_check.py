@@ -15,8 +15,9 @@ from moemesh.transport.base import ExpertRequest
 X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_request(req: ExpertRequest, model: ModelConfig) -> None:
-    """Raises MeshError(INVALID_ARGUMENT) unless `req` is a well-formed call for one MoE layer of `model`."""
+def check_request(req: ExpertRequest, model: ModelConfig) -> tuple[list[int], list[int]]:
+    """Raises MeshError(INVALID_ARGUMENT) unless `req` is a well-formed call for one MoE layer of
+    `model`; returns its expert ids and counts as lists (the checks read them so; the caller reuses them)."""
     check_layer(req.layer, model)
     x, h = req.x, model.hidden_size
     if x.dim() != 2 or x.shape[1] != h:
@@ -28,16 +29,20 @@ def check_request(req: ExpertRequest, model: ModelConfig) -> None:
         raise invalid(f"expert_ids: must name at least one expert (int64 [G]), got {ids.dtype} {list(ids.shape)}")
     if counts.dtype != torch.int64 or counts.shape != ids.shape:
         raise invalid(f"counts: must be int64 [G] = [{ids.numel()}] like expert_ids, got {counts.dtype} {list(counts.shape)}")
-    check_experts(ids.tolist(), model)
+    id_list, count_list = ids.tolist(), counts.tolist()  # G is small: Python over the values, no tensor ops
+    check_experts(id_list, model)
     n = req.token_idx.numel()
-    if bool((counts < 0).any()) or int(counts.sum()) != n:
-        raise invalid(f"counts: must be >= 0 and sum to the {n} rows of token_idx, got {counts.tolist()}")
+    if min(count_list) < 0 or sum(count_list) != n:
+        raise invalid(f"counts: must be >= 0 and sum to the {n} rows of token_idx, got {count_list}")
     if req.token_idx.dtype != torch.int32 or req.token_idx.dim() != 1:
         raise invalid(f"token_idx: must be int32 [N], got {req.token_idx.dtype} {list(req.token_idx.shape)}")
-    if n and (int(req.token_idx.min()) < 0 or int(req.token_idx.max()) >= x.shape[0]):
-        raise invalid(f"token_idx: every value must index a row of x, in [0, {x.shape[0]})")
+    if n:
+        lo, hi = torch.aminmax(req.token_idx)
+        if int(lo) < 0 or int(hi) >= x.shape[0]:
+            raise invalid(f"token_idx: every value must index a row of x, in [0, {x.shape[0]})")
     if req.weights.dtype != torch.float32 or tuple(req.weights.shape) != (n,):
         raise invalid(f"weights: must be float32 [N] = [{n}], got {req.weights.dtype} {list(req.weights.shape)}")
+    return id_list, count_list
 
 
 def check_layer(layer: int, model: ModelConfig) -> None:

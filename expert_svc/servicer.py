@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 import grpc
+import numpy as np
 import torch
 
 from expert_svc.dist_hub import CLIENT_RANK, DistHub
@@ -35,8 +36,9 @@ def to_request(msg) -> ExpertRequest:
         x, token_idx, weights = decode(msg.x, "x"), decode(msg.token_idx, "token_idx"), decode(msg.weights, "weights")
     except CodecError as e:
         raise invalid(str(e)) from None
-    ids = torch.tensor(list(msg.expert_ids), dtype=torch.int64)
-    counts = torch.tensor(list(msg.counts), dtype=torch.int64)
+    # the repeated fields read straight into int64 arrays (about half the time of torch.tensor over a list)
+    ids = torch.from_numpy(np.fromiter(msg.expert_ids, dtype=np.int64, count=len(msg.expert_ids)))
+    counts = torch.from_numpy(np.fromiter(msg.counts, dtype=np.int64, count=len(msg.counts)))
     return ExpertRequest(msg.layer, msg.placement_version, x, token_idx, weights, ids, counts)
 
 
@@ -99,7 +101,9 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
             try:
                 req = to_request(request)
                 inline = req.token_idx.numel() * self.shard.model.hidden_size <= self.inline_max_elements
-                resp = expert_pb2.ForwardResponse(call_id=request.call_id, y=encode(await self._call(self.shard.forward, req, inline=inline)))
+                y = await self._call(self.shard.forward, req, inline=inline)
+                resp = expert_pb2.ForwardResponse(call_id=request.call_id)
+                encode(y, out=resp.y)  # written in place: a Tensor message passed as y= would be copied once more
             except MeshError as e:
                 resp = expert_pb2.ForwardResponse(call_id=request.call_id, error_code=e.code.value[0], error=e.message)
             finally:

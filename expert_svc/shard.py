@@ -140,8 +140,8 @@ class ExpertShard:
         """This server's part of one MoE layer call -> y [T, H] in req.x.dtype on req.x.device, the
         weighted partial sum over the rows. Raises MeshError: INVALID_ARGUMENT for a malformed
         request, FAILED_PRECONDITION for experts this server does not hold."""
-        check_request(req, self.model)
-        layer, ids = req.layer, req.expert_ids.tolist()
+        ids, counts = check_request(req, self.model)
+        layer = req.layer
         experts = self._layers.get(layer)
         if experts is None:
             raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, f"layer {layer}: experts {ids} are not held by this server (it holds none of layer {layer})")
@@ -157,7 +157,7 @@ class ExpertShard:
             local,
             req.counts.to(self.device),  # [G]
         )
-        self.stats.record(layer, req.expert_ids, req.counts, time.perf_counter() - start)
+        self.stats.record(layer, req.expert_ids, req.counts, time.perf_counter() - start, counts)
         return y.to(req.x.device, req.x.dtype)
 
     @classmethod

@@ -89,11 +89,14 @@ class ShardStats:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def record(self, layer: int, expert_ids: torch.Tensor, counts: torch.Tensor, seconds: float) -> None:
-        """One computed request: counts [G] int64 rows for expert_ids [G] int64 of `layer`, `seconds` of compute."""
+    def record(self, layer: int, expert_ids: torch.Tensor, counts: torch.Tensor, seconds: float,
+               count_list: list[int] | None = None) -> None:
+        """One computed request: counts [G] int64 rows for expert_ids [G] int64 of `layer`, `seconds` of
+        compute; `count_list`: counts as a list when the caller has it (saves two tensor reductions)."""
         if expert_ids.numel():
             self.load.add_sparse(layer, expert_ids, counts)
-        self.work.add(requests=1, expert_calls=int((counts > 0).sum()), rows=int(counts.sum()), busy_seconds=seconds,
+        c = counts.tolist() if count_list is None else count_list
+        self.work.add(requests=1, expert_calls=sum(1 for n in c if n > 0), rows=sum(c), busy_seconds=seconds,
                       cpu_seconds=self._cpu_since())
         with self._lock:
             self._requests += 1

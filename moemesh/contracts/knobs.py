@@ -46,6 +46,8 @@ class MoeKnobs:
 
     def for_layer(self, layer: int) -> LayerKnobs:
         """What MoE layer `layer` runs with: top_k None = the model's; capacity_factor always a number."""
+        if not self.layers:  # no per-layer overrides (the usual case; asked once per MoE layer per step)
+            return LayerKnobs(layer, self.top_k, 0.0 if self.capacity_factor is None else self.capacity_factor)
         s = self._override(layer)
         top_k = s.top_k if s.top_k is not None else self.top_k
         cf = s.capacity_factor if s.capacity_factor is not None else self.capacity_factor

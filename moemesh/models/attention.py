@@ -94,12 +94,16 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
     out = torch.empty(t, nh, d, dtype=q.dtype)  # [T, NH, D]
     if decoded is not None:
         out[:b] = decoded.reshape(b, nh, d)
+    # The chunks' SDPA calls take 4-D inputs (a batch of one): SDPA's fused kernels (the CPU flash
+    # kernel included) take only those, and 3-D ones fall back to the math path, which copies K and V
+    # once per query head and materializes every score, so a chunk after a long cached prefix (chunked
+    # prefill, prefix cache hits) costs several times more.
     for c in meta.chunks:
         qq = q[c.start : c.start + c.length].transpose(0, 1)  # [NH, n, D]
         if c.start_pos > 0:  # after cached positions: attend over the sequence's blocks (this chunk's included)
             kk = k_cache.index_select(0, c.block_table).view(-1, kvh, d).transpose(0, 1)  # [KVH, S, D]
             vv = v_cache.index_select(0, c.block_table).view(-1, kvh, d).transpose(0, 1)  # [KVH, S, D]
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=c.mask, enable_gqa=True)  # [NH, n, D]
+            o = F.scaled_dot_product_attention(qq[None], kk[None], vv[None], attn_mask=c.mask, enable_gqa=True)[0]  # [NH, n, D]
         else:
             o = own_causal_attention(qq, k[c.start : c.start + c.length], v[c.start : c.start + c.length], meta.sliding_window)
         out[c.start : c.start + c.length] = o.transpose(0, 1)
@@ -107,11 +111,12 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
 
 
 def own_causal_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None) -> Tensor:
-    """A chunk at position 0 attends only to its own keys: q [NH, n, D], k/v [n, KVH, D] -> [NH, n, D]."""
+    """A chunk at position 0 attends only to its own keys: q [NH, n, D], k/v [n, KVH, D] -> [NH, n, D]
+    (4-D SDPA inputs, for its fused kernels: see paged_attention)."""
     n = k.shape[0]
-    kk, vv = k.transpose(0, 1), v.transpose(0, 1)  # [KVH, n, D]
+    kk, vv = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, KVH, n, D]
     if window is None or n <= window:
-        return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(q[None], kk, vv, is_causal=True, enable_gqa=True)[0]
     i = torch.arange(n)
     mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)  # [n, n]
-    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
+    return F.scaled_dot_product_attention(q[None], kk, vv, attn_mask=mask, enable_gqa=True)[0]

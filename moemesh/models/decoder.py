@@ -24,7 +24,7 @@ from moemesh.models.layers import (
     RotaryTable, linear, matmul_layout, packed_for_linear, rms_norm, rope_for_step, silu_mlp,
 )
 from moemesh.moe.dispatch import make_plan
-from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.moe.gate import softmax_topk
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
@@ -158,9 +158,9 @@ class MoeDecoderLM:
             top_k = lk.top_k or cfg.top_k
             routing = softmax_topk(linear(h, lyr.router), top_k, cfg.norm_topk_prob)  # [T, K]
             plan = make_plan(routing, cfg.num_experts, lk.capacity_factor)
-            future = experts.submit(idx, h, plan)
+            submitted = experts.submit(idx, h, plan)
             yield
-            x = x + future.result()  # [T, H]
+            x = x + expert_output(submitted)  # [T, H]
         h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
         return linear(h, self.lm_head).float()  # [R, V]
 

@@ -1,11 +1,15 @@
 """The dispatch plan: which token rows go to which expert, in expert order, with capacity.
 
 Shape legend: T tokens, E experts, K top-k, N kept token-expert pairs, G experts with rows.
+
+A plan that sends every token to every expert (top-k == E, nothing dropped) holds the routing weights
+[T, E] as they are (`by_expert`) and no rows: the in-process expert compute runs it as two matmuls
+over the experts side by side; the rows are built (`with_rows`) only where a consumer needs them.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -23,21 +27,39 @@ class DispatchPlan:
     counts       [G] int64  rows per expert (sum == N)
     capacity     rows per expert the plan is padded to (None when dropless); an expert never gets more
     dropped      pairs that did not fit (contribute nothing to the output)
-    all_experts  every expert 0..E-1 gets every token, in token order (top-k == E, nothing dropped):
-                 row e*T + t belongs to token t, so the expert compute may run the experts side by side
+    by_expert    [T, E] float32 combine weight of every token for every expert 0..E-1 when every
+                 token goes to every expert (top-k == E, nothing dropped); the four row fields are
+                 then None until `with_rows`. None for any other plan.
     """
 
-    token_idx: Tensor
-    weights: Tensor
-    expert_ids: Tensor
-    counts: Tensor
+    token_idx: Tensor | None
+    weights: Tensor | None
+    expert_ids: Tensor | None
+    counts: Tensor | None
     capacity: int | None
     dropped: int
-    all_experts: bool = False
+    by_expert: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
+        if self.by_expert is not None:
+            return self.by_expert.numel()
         return int(self.token_idx.shape[0])
+
+    def with_rows(self) -> "DispatchPlan":
+        """This plan with its row fields: an all-experts plan's rows in (expert, token) order (row
+        e*T + t belongs to token t, weight by_expert[t, e]); any other plan as it is."""
+        if self.by_expert is None or self.token_idx is not None:
+            return self
+        num_tokens, num_experts = self.by_expert.shape
+        device = self.by_expert.device
+        return replace(
+            self,
+            token_idx=torch.arange(num_tokens, device=device).repeat(num_experts),  # [E*T]
+            weights=self.by_expert.t().reshape(-1),  # [E*T]
+            expert_ids=torch.arange(num_experts, device=device),
+            counts=torch.full((num_experts,), num_tokens, dtype=torch.long, device=device),
+        )
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float, max_count: int) -> int | None:
@@ -52,12 +74,14 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
 def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) -> DispatchPlan:
     """Sort the T*K choices by expert. Priority within an expert when capacity binds: all first choices
     (in token order) before any second choice, and so on (as Tutel does)."""
-    ids = routing.expert_ids  # [T, K]
-    num_tokens, top_k = ids.shape
+    num_tokens, top_k = routing.weights.shape
     if top_k == num_experts and num_tokens:
         capacity = expert_capacity(num_tokens, num_experts, top_k, capacity_factor, max_count=num_tokens)
         if capacity is None or capacity >= num_tokens:  # every token to every expert, nothing dropped
-            return all_experts_plan(routing, num_experts, capacity)
+            return all_experts_plan(routing, capacity)
+    if routing.expert_ids is None:  # all experts, but capacity binds (or no tokens): choices in weight order set the priority
+        routing = Routing(*reversed(torch.topk(routing.weights, top_k, dim=-1)))
+    ids = routing.expert_ids  # [T, K]
     # Flatten slot-major so that a stable sort by expert keeps (slot, token) priority order: flat
     # position i holds slot i // T of token i % T.
     if num_tokens == 1:  # one token: slot-major is the stored order
@@ -98,17 +122,9 @@ def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) 
     )
 
 
-def all_experts_plan(routing: Routing, num_experts: int, capacity: int | None) -> DispatchPlan:
-    """Every token goes to every expert: no sort, rows in (expert, token) order."""
-    ids = routing.expert_ids  # [T, E], a permutation of the experts per token
-    num_tokens = ids.shape[0]
-    by_expert = torch.zeros(num_tokens, num_experts, dtype=routing.weights.dtype, device=ids.device).scatter_(1, ids, routing.weights)  # [T, E]
-    return DispatchPlan(
-        token_idx=torch.arange(num_tokens, device=ids.device).repeat(num_experts),
-        weights=by_expert.t().reshape(-1),
-        expert_ids=torch.arange(num_experts, device=ids.device),
-        counts=torch.full((num_experts,), num_tokens, dtype=torch.long, device=ids.device),
-        capacity=capacity,
-        dropped=0,
-        all_experts=True,
-    )
+def all_experts_plan(routing: Routing, capacity: int | None) -> DispatchPlan:
+    """Every token goes to every expert: the weights by expert [T, E], no rows, no sort."""
+    by_expert = routing.weights  # [T, E], columns in expert order
+    if routing.expert_ids is not None:  # columns in each token's choice order
+        by_expert = torch.zeros_like(by_expert).scatter_(1, routing.expert_ids, by_expert)
+    return DispatchPlan(None, None, None, None, capacity=capacity, dropped=0, by_expert=by_expert)

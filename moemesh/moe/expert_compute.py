@@ -19,17 +19,16 @@ class ExpertCompute(Protocol):
       layer  index of the decoder layer
       x      [T, H] the layer's tokens (each once; the plan names the rows)
       plan   the dispatch plan the layer built from its gate
-    returns a Future resolving to [T, H] in x.dtype: for each token, the sum over its kept experts of
-    weight * expert(x[token]) (tokens without a kept expert get zeros).
-    In-process implementations return an already-completed future; remote ones return at once and
-    resolve when every expert server has answered, so the caller can overlap other work.
+    returns [T, H] in x.dtype, or a Future resolving to it: for each token, the sum over its kept
+    experts of weight * expert(x[token]) (tokens without a kept expert get zeros).
+    In-process implementations compute at once and return the tensor; remote ones return a Future at
+    once, resolved when every expert server has answered, so the caller can overlap other work.
+    Callers take the tensor with `expert_output`.
     """
 
-    def submit(self, layer: int, x: Tensor, plan: DispatchPlan) -> Future: ...
+    def submit(self, layer: int, x: Tensor, plan: DispatchPlan) -> Tensor | Future: ...
 
 
-def completed(value: Tensor) -> Future:
-    """A Future that already holds `value`."""
-    fut: Future = Future()
-    fut.set_result(value)
-    return fut
+def expert_output(submitted: Tensor | Future) -> Tensor:
+    """What `ExpertCompute.submit` returned, as the tensor (waiting for a Future)."""
+    return submitted if isinstance(submitted, Tensor) else submitted.result()

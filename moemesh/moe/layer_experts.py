@@ -6,8 +6,9 @@ Shape legend: T tokens handed in, N rows (kept token-expert pairs) grouped by ex
 receive rows, E experts held, H hidden.
 
 A call runs `kernels.moe_mlp` (gather, routed MLP, weighted combine). One case takes another path:
-when the rows send every token to every held expert (a model whose top-k equals its number of
-experts), dense experts run side by side as two plain matmuls (`ConcatenatedExperts`). That path is
+when every token goes to every held expert (a model whose top-k equals its number of experts: the
+in-process plan's weights by expert, `every_expert`, or rows that say so, as an expert server
+receives them), dense experts run side by side as two plain matmuls (`ConcatenatedExperts`). That path is
 optional (`all_experts_path`: `EngineConfig.all_experts_path`, the expert server's config field), so
 whether it still pays next to `moe_mlp` can be measured.
 """
@@ -61,27 +62,31 @@ class LayerExperts:
             return self
         return replace(self, concatenated=self.concatenated.packed() or self.concatenated)
 
-    def __call__(
-        self, x: Tensor, token_idx: Tensor, row_weight: Tensor, expert_idx: Tensor, counts: Tensor,
-        all_experts: bool | None = None,
-    ) -> Tensor:
+    def __call__(self, x: Tensor, token_idx: Tensor, row_weight: Tensor, expert_idx: Tensor, counts: Tensor) -> Tensor:
         """x [T, H]; token_idx [N] int64 token of each row; row_weight [N] float32; expert_idx [G] int64
         local indices (each once); counts [G] int64 rows per expert -> [T, H] in x.dtype, each token's
-        weighted sum over its rows. all_experts: the rows send every token to every held expert in
-        token order (`DispatchPlan.all_experts`); None = tell from the rows."""
+        weighted sum over its rows. Rows that send every token to every held expert in token order
+        run as `every_expert`."""
         if token_idx.numel() == 0:
             return torch.zeros_like(x)
         cat = self.concatenated
         if cat is not None and cat.gate_up.dtype == x.dtype:
             t = x.shape[0]
-            if all_experts is None:
-                all_experts = routes_every_token(t, token_idx, expert_idx, counts, cat.num_experts)
-            if all_experts:
+            if routes_every_token(t, token_idx, expert_idx, counts, cat.num_experts):
                 g = expert_idx.numel()
                 by_expert = torch.zeros(cat.num_experts, t, dtype=torch.float32, device=x.device)  # [E, T]
                 by_expert.index_copy_(0, expert_idx, row_weight.view(g, t).float())
                 return cat.mlp(x, by_expert.t())
         return moe_mlp(x, token_idx, row_weight, expert_idx, counts, self.weights)
+
+    def every_expert(self, x: Tensor, by_expert: Tensor) -> Tensor | None:
+        """x [T, H], by_expert [T, E] float32 combine weights of every token for every held expert (in
+        local order) -> [T, H] in x.dtype, two matmuls over the experts side by side; None when the
+        layer holds no concatenated layout in x.dtype (the caller then runs rows)."""
+        cat = self.concatenated
+        if cat is None or cat.gate_up.dtype != x.dtype:
+            return None
+        return cat.mlp(x, by_expert)
 
 
 def routes_every_token(num_tokens: int, token_idx: Tensor, expert_idx: Tensor, counts: Tensor, num_held: int) -> bool:

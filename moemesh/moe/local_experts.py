@@ -4,7 +4,6 @@ Shape legend: T tokens, H hidden.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
 from typing import Mapping
 
 import torch
@@ -14,7 +13,6 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
 from moemesh.moe.dispatch import DispatchPlan
-from moemesh.moe.expert_compute import completed
 from moemesh.moe.expert_loader import load_expert_weights
 from moemesh.moe.layer_experts import LayerExperts, all_experts_path_by_default, pack_by_default
 
@@ -51,9 +49,14 @@ class LocalExperts:
             pack = pack_by_default(cfg.top_k, cfg.num_experts, cats[0].gate_up.dtype, cats[0].gate_up.device, copy_bytes)
         return cls({layer: lx.packed() for layer, lx in layers.items()} if pack else layers)
 
-    def submit(self, layer: int, x: Tensor, plan: DispatchPlan) -> Future:
-        """x [T, H] -> completed Future of [T, H] (see `ExpertCompute`)."""
+    def submit(self, layer: int, x: Tensor, plan: DispatchPlan) -> Tensor:
+        """x [T, H] -> [T, H], computed now (see `ExpertCompute`)."""
         experts = self.layers.get(layer)
         if experts is None:
             raise ValueError(f"layer {layer} has no experts loaded here")
-        return completed(experts(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts, plan.all_experts))
+        if plan.by_expert is not None:  # every token to every expert
+            out = experts.every_expert(x, plan.by_expert)
+            if out is not None:
+                return out
+            plan = plan.with_rows()
+        return experts(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts)

@@ -40,9 +40,8 @@ class SlidingSums:
 
     def add(self, **values: float) -> None:
         """Add to the named sums (unknown names are a ValueError)."""
-        unknown = sorted(set(values) - set(self._index))
-        if unknown:
-            raise ValueError(f"unknown sums {unknown}; these are {list(self.names)}")
+        if not self._index.keys() >= values.keys():
+            raise ValueError(f"unknown sums {sorted(set(values) - set(self._index))}; these are {list(self.names)}")
         with self._lock:
             bucket = self._ring[self._advance()]
             for name, v in values.items():

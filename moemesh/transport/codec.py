@@ -72,28 +72,40 @@ def encode(t: torch.Tensor, out: Any = None) -> Any:
     return msg
 
 
-def check_shape(shape: list[int], field: str) -> tuple[int, ...]:
+def check_shape(shape, field: str) -> tuple[int, ...]:
+    """`shape` (a sequence of ints, e.g. the message's repeated field) as a tuple, checked."""
+    shape = tuple(shape)
     if len(shape) > MAX_DIMS:
         raise CodecError(f"{field}.shape has {len(shape)} dimensions, at most {MAX_DIMS} are allowed")
-    for i, s in enumerate(shape):
-        if s < 0:
-            raise CodecError(f"{field}.shape[{i}] is {s}, must be >= 0")
-    return tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        i = next(i for i, s in enumerate(shape) if s < 0)
+        raise CodecError(f"{field}.shape[{i}] is {shape[i]}, must be >= 0")
+    return shape
+
+
+def _spend_buffer_warning() -> None:
+    """torch warns once per process that a tensor over a read-only buffer must not be written
+    (`TORCH_WARN_ONCE`): spent here, silenced, when the module loads, so `decode` needs no warnings
+    context per call (documented above: decoded tensors are read-only)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.frombuffer(b"\0", dtype=torch.uint8)
+
+
+_spend_buffer_warning()
 
 
 def decode(msg: Any, field: str = "tensor", ndim: int | None = None) -> torch.Tensor:
     """A CPU tensor viewing `msg.data` (read-only, no copy). `field` names the message in errors."""
     dtype = parse_dtype(msg.dtype, field)
-    shape = check_shape(list(msg.shape), field)
+    shape = check_shape(msg.shape, field)
     if ndim is not None and len(shape) != ndim:
         raise CodecError(f"{field}.shape {list(shape)} must have {ndim} dimensions")
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    expected = math.prod(shape) * itemsize
-    if len(msg.data) != expected:
-        raise CodecError(f"{field}.data has {len(msg.data)} bytes, shape {list(shape)} of {msg.dtype} needs {expected}")
+    data = msg.data  # read once: each read of a bytes field makes a new bytes object
+    count = math.prod(shape)
+    expected = count * dtype.itemsize
+    if len(data) != expected:
+        raise CodecError(f"{field}.data has {len(data)} bytes, shape {list(shape)} of {msg.dtype} needs {expected}")
     if expected == 0:
         return torch.empty(shape, dtype=dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": documented above
-        flat = torch.frombuffer(msg.data, dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape)
+    return torch.frombuffer(data, dtype=dtype, count=count).reshape(shape)

@@ -1,5 +1,6 @@
 """`RemoteExperts`: the per-server split of a layer's plan, the partial-sum combine, placement
 adoption at step boundaries, and the whole path over real expert servers (gRPC and dist)."""
+import dataclasses
 import functools
 import os
 import signal
@@ -51,6 +52,7 @@ def rows_of(plan: DispatchPlan, parts: list[ServerPart]) -> set[tuple[int, int, 
 
 
 def plan_rows(plan: DispatchPlan):
+    plan = plan.with_rows()
     experts = torch.repeat_interleave(plan.expert_ids, plan.counts)
     return list(zip(plan.token_idx.tolist(), experts.tolist(), plan.weights.tolist()))
 
@@ -90,6 +92,22 @@ def test_split_of_an_all_experts_plan_computes_each_expert_whole_on_one_copy_rot
             assert p.token_idx.tolist() == list(range(t)) * len(p.counts)
         chosen.append({p.server_id: p.expert_ids.tolist() for p in parts})
     assert chosen == [{"a": [0, 2], "b": [1, 3]}, {"a": [1, 3], "b": [0, 2]}]
+
+
+def test_split_of_an_all_experts_plan_equals_the_split_of_its_rows():
+    # one copy per expert: the plan's weights by expert give each server the parts its rows would
+    t, e = 6, 4
+    plan = make_plan(softmax_topk(torch.randn(t, e), e, True), e)
+    rows = dataclasses.replace(plan.with_rows(), by_expert=None)
+    copies = LayerCopies.of([("b",), ("a",), ("b",), ("b",)])
+    got, want = split_plan(plan, copies, t), split_plan(rows, copies, t)
+    assert [p.server_id for p in got] == [p.server_id for p in want] == ["a", "b"]
+    for g, w in zip(got, want):
+        assert g.tokens is None and w.tokens is None
+        for name in ("token_idx", "weights", "expert_ids", "counts"):
+            assert getattr(g, name).dtype == getattr(w, name).dtype and torch.equal(getattr(g, name), getattr(w, name)), name
+    with pytest.raises(ValueError, match="expert_ids"):
+        split_plan(plan, LayerCopies.of([("a",)] * 3), t)
 
 
 def test_partial_sum_adds_in_server_order_in_float32():
@@ -199,7 +217,7 @@ def check_equals_local(remote, cfg, weights):
                 with torch.inference_mode():  # as the engine calls it
                     got = remote.submit(layer, x, plan).result(30)
                 # partial sums grouped by server: equal up to float32 rounding
-                torch.testing.assert_close(got, local.submit(layer, x, plan).result(), rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(got, local.submit(layer, x, plan), rtol=1e-5, atol=1e-5)
                 torch.testing.assert_close(got, plan_expected(x, plan, weights[layer]), rtol=1e-5, atol=1e-5)
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import engine_vs_llamacpp, engine_vs_transformers, gateway_overhead, gateway_vs_router, mesh_vs_engine
+from bench import engine_vs_llamacpp, engine_vs_transformers, gateway_overhead, gateway_vs_router, mesh_vs_engine, step_cost
 
 
 def test_engine_vs_transformers_defaults_and_lists():
@@ -98,4 +98,13 @@ def test_rebalance_defaults_and_rejects(capsys):
                           (["--expert-cpu-quota", "-1"], "--expert-cpu-quota"), (["--concurrency", "0"], "--concurrency")):
         with pytest.raises(SystemExit) as e:
             rebalance.parse_args(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_step_cost_defaults_and_rejects(capsys):
+    ns = step_cost.parse_args([])
+    assert (ns.shape, ns.model, ns.dtype, ns.concurrent, ns.steps, ns.threads, ns.top) == ("demo", None, "bfloat16", 16, 20, 1, 0)
+    for argv, message in ((["--concurrent", "0"], "need --concurrent"), (["--top", "-1"], "need --concurrent"), (["--dtype", "float16"], "invalid choice")):
+        with pytest.raises(SystemExit) as e:
+            step_cost.parse_args(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err

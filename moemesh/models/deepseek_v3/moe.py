@@ -22,7 +22,7 @@ from moemesh.models.deepseek_v3.config import GroupedGateConfig
 from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
 from moemesh.models.layers import silu_mlp
 from moemesh.moe.dispatch import make_plan
-from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.contracts.knobs import LayerKnobs
 
 
@@ -106,8 +106,8 @@ def moe_block(
         gate.routed_scaling_factor,
     )  # [T, K]
     plan = make_plan(routing, cfg.num_experts, knobs.capacity_factor)
-    future = experts.submit(layer, h, plan)
+    submitted = experts.submit(layer, h, plan)
     shared = moe.shared(h) if moe.shared is not None else None  # overlaps with the routed experts
     yield
-    out = future.result()  # [T, H]
+    out = expert_output(submitted)  # [T, H]
     return out if shared is None else out + shared

@@ -25,7 +25,7 @@ from moemesh.models.gpt_oss.router import topk_softmax_router
 from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_attention
 from moemesh.models.layers import rms_norm
 from moemesh.moe.dispatch import make_plan
-from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
@@ -110,9 +110,9 @@ class GptOssForCausalLM:
             lk = knobs.for_layer(idx)
             routing = topk_softmax_router(h, lyr.router, lyr.router_bias, lk.top_k or cfg.top_k)  # [T, K]
             plan = make_plan(routing, cfg.num_experts, lk.capacity_factor)
-            future = experts.submit(idx, h, plan)
+            submitted = experts.submit(idx, h, plan)
             yield
-            x = x + future.result()  # [T, H]
+            x = x + expert_output(submitted)  # [T, H]
         h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
         return (h @ self.lm_head.t()).float()  # [R, V]
 

@@ -19,7 +19,7 @@ from moemesh.config import ModelConfig
 from moemesh.models.deepseek_v3.moe import DenseMLP, load_dense_mlp
 from moemesh.models.layers import linear, matmul_layout
 from moemesh.moe.dispatch import make_plan
-from moemesh.moe.expert_compute import ExpertCompute
+from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.moe.gate import Routing, softmax_topk
 from moemesh.contracts.knobs import LayerKnobs
 
@@ -63,8 +63,8 @@ def sparse_moe_block(
     # transformers hands the experts these weights in the compute dtype
     routing = Routing(routing.expert_ids, routing.weights.to(h.dtype).float())
     plan = make_plan(routing, cfg.num_experts, knobs.capacity_factor)
-    future = experts.submit(layer, h, plan)
+    submitted = experts.submit(layer, h, plan)
     shared = moe.shared(h) if moe.shared is not None else None  # overlaps with the routed experts
     yield
-    out = future.result()  # [T, H]
+    out = expert_output(submitted)  # [T, H]
     return out if shared is None else out + shared

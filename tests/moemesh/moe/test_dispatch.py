@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from moemesh.moe.dispatch import expert_capacity, make_plan
-from moemesh.moe.gate import Routing
+from moemesh.moe.gate import Routing, softmax_topk
 
 
 def routing(ids, weights=None):
@@ -98,7 +98,10 @@ def test_all_experts_per_token_gives_every_pair_in_expert_then_token_order():
     probs = torch.softmax(torch.randn(t, e), -1)
     weights, ids = torch.topk(probs, e, dim=-1)
     plan = make_plan(Routing(ids, weights), num_experts=e)
-    assert plan.all_experts and plan.counts.tolist() == [t] * e and plan.expert_ids.tolist() == list(range(e))
+    assert plan.token_idx is None and plan.num_rows == t * e
+    torch.testing.assert_close(plan.by_expert, probs, rtol=0, atol=0)  # the weights back in expert order
+    plan = plan.with_rows()
+    assert plan.counts.tolist() == [t] * e and plan.expert_ids.tolist() == list(range(e))
     assert plan.token_idx.tolist() == list(range(t)) * e
     experts = torch.repeat_interleave(plan.expert_ids, plan.counts)
     torch.testing.assert_close(plan.weights, probs[plan.token_idx, experts])
@@ -107,7 +110,7 @@ def test_all_experts_per_token_gives_every_pair_in_expert_then_token_order():
 def test_binding_capacity_with_all_experts_falls_back_to_dropping():
     ids = torch.tensor([[0, 1]] * 4)
     plan = make_plan(Routing(ids, torch.full((4, 2), 0.5)), num_experts=2, capacity_factor=0.5)  # capacity 2 < 4
-    assert not plan.all_experts and plan.capacity == 2 and plan.dropped == 4
+    assert plan.by_expert is None and plan.capacity == 2 and plan.dropped == 4
 
 
 @pytest.mark.parametrize("num_tokens", [1, 2, 7])
@@ -122,3 +125,32 @@ def test_dropless_plan_matches_the_counted_path(num_tokens):
     for name in ("token_idx", "weights", "expert_ids", "counts"):
         a, b = getattr(fast, name), getattr(counted, name)
         assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_all_experts_gate_output_gives_a_plan_without_rows_and_its_rows_on_request():
+    torch.manual_seed(5)
+    t, e = 6, 4
+    logits = torch.randn(t, e)
+    plan = make_plan(softmax_topk(logits, e, True), e)
+    assert plan.by_expert is not None and plan.token_idx is None
+    torch.testing.assert_close(plan.by_expert, torch.softmax(logits, -1), rtol=1e-6, atol=1e-7)
+    rows = plan.with_rows()
+    assert rows.token_idx.tolist() == list(range(t)) * e and rows.counts.tolist() == [t] * e
+    torch.testing.assert_close(rows.weights, plan.by_expert.t().reshape(-1), rtol=0, atol=0)
+    assert rows.with_rows() is rows and make_plan(softmax_topk(logits, 2, True), e).by_expert is None
+
+
+def test_binding_capacity_on_the_all_experts_gate_output_keeps_choice_order_priority():
+    # the gate leaves every expert in expert order; when capacity binds, the plan drops as if the
+    # choices had been sorted by weight (first choices before second ones)
+    torch.manual_seed(6)
+    logits = torch.randn(8, 4)
+    every = softmax_topk(logits, 4, False)
+    sorted_ = Routing(*reversed(torch.topk(every.weights, 4, dim=-1)))
+    for cf in (0.5, -0.25):
+        got, want = make_plan(every, 4, cf), make_plan(sorted_, 4, cf)
+        assert got.by_expert is None and got.dropped == want.dropped > 0
+        for name in ("token_idx", "weights", "expert_ids", "counts"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+    empty = make_plan(softmax_topk(torch.randn(0, 4), 4, True), 4)
+    assert empty.num_rows == 0 and empty.by_expert is None

@@ -26,15 +26,29 @@ def test_submit_is_moe_mlp_over_the_plan(top_k):
     g = torch.Generator().manual_seed(top_k)
     x = torch.randn(7, 16, generator=g)
     plan = make_plan(softmax_topk(torch.randn(7, 4, generator=g), top_k, True), 4)
-    want = moe_mlp(x, plan.token_idx, plan.weights, plan.expert_ids, plan.counts, w)
-    torch.testing.assert_close(local(w).submit(0, x, plan).result(), want, rtol=0, atol=0)
+    rows = plan.with_rows()  # top-k 4 of 4: the plan holds weights by expert, no rows
+    want = moe_mlp(x, rows.token_idx, rows.weights, rows.expert_ids, rows.counts, w)
+    torch.testing.assert_close(local(w).submit(0, x, plan), want, rtol=0, atol=0)  # no all-experts layout: the rows
+
+
+def test_all_experts_plan_runs_the_experts_side_by_side():
+    w = weights()
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(7, 16, generator=g)
+    plan = make_plan(softmax_topk(torch.randn(7, 4, generator=g), 4, True), 4)
+    held = LocalExperts({0: LayerExperts.hold(range(4), w)})
+    assert plan.token_idx is None and held.layers[0].concatenated is not None
+    got = held.submit(0, x, plan)
+    assert isinstance(got, torch.Tensor)  # computed at once, no Future
+    torch.testing.assert_close(got, held.layers[0].concatenated.mlp(x, plan.by_expert), rtol=0, atol=0)
+    torch.testing.assert_close(got, local(w).submit(0, x, plan), rtol=1e-4, atol=1e-4)
 
 
 def test_submit_equals_a_per_token_loop():
     w = weights()
     x = torch.randn(5, 16)
     plan = make_plan(softmax_topk(torch.randn(5, 4), 2, False), 4)
-    out = local(w).submit(0, x, plan).result()
+    out = local(w).submit(0, x, plan)
     want = torch.zeros(5, 16)
     start = 0
     for e, n in zip(plan.expert_ids.tolist(), plan.counts.tolist()):

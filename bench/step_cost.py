@@ -1,0 +1,116 @@
+"""The CPU work of one engine decode step: Python calls, torch operations, and milliseconds.
+
+  python bench/step_cost.py [--shape demo|qwen3-sparse|qwen3-sparse-tiny] [--model DIR]
+      [--dtype bfloat16|float32] [--concurrent 16] [--steps 20] [--threads 1] [--top 0]
+
+--concurrent greedy requests decode together; after a few warm-up steps it prints, per decode step:
+the Python function calls (cProfile, counted over 3 steps), the torch operations dispatched
+(`TorchDispatchMode`, every aten call including views, over 2 steps), and the wall and thread-CPU
+milliseconds (median and fastest of --steps steps, no profiler attached). The two counts do not
+depend on the machine's load, so they compare commits on a shared machine where the timings cannot;
+--top N also lists the N most frequent of each.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if __name__ == "__main__":  # as a script: the repository root instead of bench/ on sys.path
+    _root = Path(__file__).resolve().parent.parent
+    sys.path[:] = [str(_root)] + [p for p in sys.path if Path(p or ".").resolve() != _root / "bench"]
+
+from bench.shapes import SHAPES, checkpoint_dir
+
+WARMUP_STEPS = 4
+PROFILED_STEPS = 3
+COUNTED_STEPS = 2
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the torch operations dispatched while active, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="demo")
+    p.add_argument("--model", default=None, help="a checkpoint directory instead of --shape's")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    p.add_argument("--concurrent", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20, help="timed decode steps")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--top", type=int, default=0, help="also list the N most frequent calls and operations")
+    ns = p.parse_args(argv)
+    if ns.concurrent < 1 or ns.steps < 1 or ns.threads < 1 or ns.top < 0:
+        p.error(f"need --concurrent, --steps, --threads >= 1 and --top >= 0, got {ns.concurrent}, {ns.steps}, {ns.threads}, {ns.top}")
+    return ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    from moemesh.engine import LLMEngine
+    from moemesh.engine.config import EngineConfig
+    from moemesh.engine.sampling_params import SamplingParams
+
+    ns = parse_args(argv)
+    model = ns.model or str(checkpoint_dir(ns.shape, progress=lambda msg: print(msg, file=sys.stderr)))
+    torch.set_num_threads(ns.threads)
+    engine = LLMEngine(EngineConfig(model_dir=model, dtype=ns.dtype, num_threads=ns.threads))
+    total = WARMUP_STEPS + PROFILED_STEPS + COUNTED_STEPS + ns.steps
+    params = SamplingParams(max_new_tokens=total + 1, temperature=0.0, ignore_eos=True)
+    for i in range(ns.concurrent):  # short distinct prompts: one prefill step, then decode steps only
+        engine.add_request(f"r{i}", [1 + i, 20 + i, 300 + i, 4000 + i, 55, 66], params)
+    for _ in range(WARMUP_STEPS):
+        engine.step()
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(PROFILED_STEPS):
+        engine.step()
+    profile.disable()
+    calls = {f"{Path(f).name}:{line}({name})": v[1] / PROFILED_STEPS for (f, line, name), v in pstats.Stats(profile).stats.items()}
+
+    ops = OpCounter()
+    with ops:
+        for _ in range(COUNTED_STEPS):
+            engine.step()
+
+    wall, cpu = [], []
+    for _ in range(ns.steps):
+        w, c = time.perf_counter(), time.thread_time()
+        engine.step()
+        wall.append(time.perf_counter() - w)
+        cpu.append(time.thread_time() - c)
+    wall.sort()
+    cpu.sort()
+
+    print(f"{model}: {ns.dtype}, {ns.concurrent} decoding, {ns.threads} thread(s)")
+    print(f"per decode step: {sum(calls.values()):.0f} Python calls, {sum(ops.counts.values()) / COUNTED_STEPS:.0f} torch ops; "
+          f"wall ms median {1000 * wall[len(wall) // 2]:.2f} (fastest {1000 * wall[0]:.2f}), "
+          f"thread CPU ms median {1000 * cpu[len(cpu) // 2]:.2f} (fastest {1000 * cpu[0]:.2f}) over {ns.steps} steps")
+    if ns.top:
+        print("most frequent Python calls per step:")
+        for name, n in sorted(calls.items(), key=lambda kv: -kv[1])[: ns.top]:
+            print(f"  {n:8.1f}  {name}")
+        print("most frequent torch ops per step:")
+        for name, n in ops.counts.most_common(ns.top):
+            print(f"  {n / COUNTED_STEPS:8.1f}  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
