@@ -1,6 +1,7 @@
 """HTTP gateway vs the router's gRPC on the same mesh: `--concurrency` streams of the same
-workload (random prompt ids, greedy, exactly `--output-len` tokens each) sent once through the
-gateway's `/v1/completions` (SSE, `httpx`) and once straight to the router's `Generate` (grpc.aio),
+workload (random prompt ids, greedy, exactly `--output-len` tokens each; fresh prompts for every
+run, so no run finds an earlier run's prompts in the replicas' prefix cache) sent once through the
+gateway's `/v1/completions` (SSE) and once straight to the router's `Generate` (grpc.aio),
 alternating which goes first, `--rounds` times. Prints tokens/s and TTFT p50/p99 of each run, the
 gateway/router throughput ratio (target >= 0.95x) and the p50 TTFT the gateway adds (target <= 5 ms),
 both as the median over the rounds.
@@ -8,7 +9,11 @@ both as the median over the rounds.
 The gateway's time to first token is taken at the first SSE chunk carrying text (a first token whose
 text is held back as an incomplete UTF-8 character counts at the next chunk), and the router's at
 the first `Generate` message carrying text, the same moment for a client that shows text; its token
-count comes from the final usage chunk. Both clients run in this process, so their own costs are in the figures.
+count comes from the final usage chunk. Both clients run in this process, so their own costs are in the
+figures, taken from the mesh on the same cores: the HTTP side reads over bench/sse_client.py (raw
+asyncio streams), no costlier per request and per event than the gRPC side's grpc.aio client (httpx,
+used before, cost several times more and sent some of the concurrent requests late; see
+docs/benchmarks.md).
 
     python bench/gateway_vs_router.py [--shape demo|qwen3-sparse] [--model DIR] [--num-requests 64]
         [--output-len 64] [--rounds 3] [--json]
@@ -24,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __name__ == "__main__":  # as a script: the repository root instead of bench/ on sys.path
@@ -50,38 +56,38 @@ async def closed_loop(n: int, concurrency: int, one) -> float:
 
 
 async def run_http(address: str, work, name: str = "gateway"):
-    """The workload through the gateway's streamed /v1/completions (prompt as token ids)."""
-    import httpx
-
+    """The workload through the gateway's streamed /v1/completions (prompt as token ids), one
+    keep-alive connection per stream (bench/sse_client.py)."""
+    from bench.sse_client import SseConnection
     from router_svc.loadgen import BenchResult, RequestTiming
 
     prompts = work.prompts()
     timings = [None] * work.num_requests
-    limits = httpx.Limits(max_connections=work.concurrency, max_keepalive_connections=work.concurrency)
-    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=None, limits=limits) as client:
-        # open every connection before the clock starts (the gRPC side reuses one warm channel)
-        await asyncio.gather(*(client.get("/health") for _ in range(work.concurrency)))
-
+    host, port = address.rsplit(":", 1)
+    # every connection opened before the clock starts (the gRPC side reuses one warm channel)
+    idle = [await SseConnection(host, int(port)).open() for _ in range(min(work.concurrency, work.num_requests))]
+    try:
         async def one(i: int) -> None:
             body = {"prompt": prompts[i], "max_tokens": work.output_len, "temperature": 0, "ignore_eos": True,
                     "stream": True, "stream_options": {"include_usage": True}}
+            conn = idle.pop()
             t = RequestTiming(time.perf_counter())
-            async with client.stream("POST", "/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    raise RuntimeError(f"gateway answered {resp.status_code}: {(await resp.aread()).decode()[:300]}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
+            try:
+                async for chunk in conn.post_events("/v1/completions", body):
                     if not t.first and chunk["choices"] and chunk["choices"][0]["text"]:
                         t.first = time.perf_counter()
                     if chunk.get("usage"):
                         t.tokens = chunk["usage"]["completion_tokens"]
+            finally:
+                idle.append(conn)
             t.done = time.perf_counter()
             t.first = t.first or t.done
             timings[i] = t
 
         wall = await closed_loop(work.num_requests, work.concurrency, one)
+    finally:
+        for conn in idle:
+            await conn.close()
     return BenchResult(name, wall, timings)
 
 
@@ -95,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="measure both paths this many times, alternating which goes first")
-    p.add_argument("--warmup-requests", type=int, default=16, help="untimed requests through each path first; 0 = none")
+    p.add_argument("--warmup-requests", type=int, default=16, help="untimed requests of the measured shape through each path first; 0 = none")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
     if ns.rounds < 1 or ns.warmup_requests < 0 or ns.expert_servers < 1:
@@ -117,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         router, _ = mesh.start()
         paths = {"gateway": lambda w, name: run_http(mesh.http_addr, w, name), "router": lambda w, name: run_grpc(router, w, name, first_at_text=True)}
         if ns.warmup_requests:
-            warm = Workload(num_requests=ns.warmup_requests, concurrency=ns.warmup_requests, prompt_len=ns.prompt_len, output_len=4, seed=1)
+            # the measured shape (streams, prompt and output length), so no timed run is the first to
+            # meet its batch sizes
+            warm = Workload(num_requests=ns.warmup_requests, concurrency=min(ns.concurrency, ns.warmup_requests),
+                            prompt_len=ns.prompt_len, output_len=ns.output_len, seed=1)
             for name, run in paths.items():
                 asyncio.run(run(warm, f"warmup/{name}"))
         for r in range(ns.rounds):
             order = ["gateway", "router"] if r % 2 == 0 else ["router", "gateway"]
-            results = {name: asyncio.run(paths[name](work, name)) for name in order}
+            # prompts of their own for every run (the same length, fresh random ids): the replicas
+            # cache prefixes, and a run repeating an earlier run's prompts would find them cached
+            results = {name: asyncio.run(paths[name](replace(work, seed=2 + 2 * r + k), name)) for k, name in enumerate(order)}
             rounds.append((results["gateway"], results["router"]))
     finally:
         mesh.stop()

@@ -27,6 +27,7 @@ class GenerationStream:
 
     def __init__(self, first, rest: AsyncIterator, metrics: ServiceMetrics) -> None:
         self.first = first
+        self.finished = False  # the final response (the one with a finish_reason) was handed out
         self._rest = rest
         self._metrics = metrics
 
@@ -34,6 +35,7 @@ class GenerationStream:
         resp = self.first
         while True:
             if resp.finish_reason:
+                self.finished = True
                 self._metrics.add_tokens(resp.usage.prompt_tokens, resp.usage.completion_tokens)
             yield resp
             if resp.finish_reason:
@@ -75,23 +77,27 @@ class Generations:
 async def unless_disconnected(receive, work):
     """Awaits `work` (a coroutine) unless the HTTP client disconnects first: then `work` is cancelled
     (closing its Generate call) and ClientGone raised. `receive` is the request's ASGI receive,
-    called only after its body was read (it then returns when the client goes away)."""
-    task = asyncio.ensure_future(work)
+    called only after its body was read (it then returns when the client goes away). `work` runs in
+    this task (no task of its own): a watcher task cancels it here when the client goes."""
+    current = asyncio.current_task()
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         while (await receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        current.cancel()
 
+    # once `work` returns the watcher is cancelled before it can run again, so a response that
+    # `work` completed (after which receive() also says http.disconnect) cancels nothing
     watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
-        raise
+        if not gone:
+            raise
+        current.uncancel()
+        raise ClientGone() from None
     finally:
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise ClientGone()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import engine_vs_llamacpp, engine_vs_transformers, gateway_vs_router, mesh_vs_engine, step_cost
+from bench import engine_vs_llamacpp, engine_vs_transformers, gateway_overhead, gateway_vs_router, mesh_vs_engine, step_cost
 
 
 def test_engine_vs_transformers_defaults_and_lists():
@@ -75,6 +75,15 @@ def test_gateway_vs_router_defaults_and_rejects(capsys):
     with pytest.raises(SystemExit) as e:
         gateway_vs_router.parse_args(["--rounds", "0"])
     assert e.value.code == 2 and "--rounds >= 1" in capsys.readouterr().err
+
+
+def test_gateway_overhead_defaults_and_rejects(capsys):
+    ns = gateway_overhead.parse_args([])
+    assert (ns.concurrency, ns.num_requests, ns.output_len, ns.step_ms, ns.rounds) == (16, 64, 64, 20.0, 3)
+    for argv, message in ((["--output-len", "1"], "--output-len >= 2"), (["--prompt-len", "4"], "--prompt-len >= 8")):
+        with pytest.raises(SystemExit) as e:
+            gateway_overhead.parse_args(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_rebalance_defaults_and_rejects(capsys):

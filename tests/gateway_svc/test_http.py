@@ -149,3 +149,40 @@ def test_api_key_from_the_environment(monkeypatch):
     assert effective_api_key(cfg, env={"MOEMESH_API_KEY": "k"}) == "k"
     assert effective_api_key(GatewayConfig(router="127.0.0.1:1", api_key="flag"), env={"MOEMESH_API_KEY": "k"}) == "flag"
     assert effective_api_key(cfg, env={}) == ""
+
+
+def read_chunks(s: socket.socket) -> list[bytes]:
+    """The chunks of a chunked HTTP response, read to its end."""
+    data = b""
+    while not data.endswith(b"\r\n0\r\n\r\n"):
+        more = s.recv(65536)
+        assert more, "connection closed before the body ended"
+        data += more
+    body = data.split(b"\r\n\r\n", 1)[1]
+    chunks = []
+    while True:
+        size_line, body = body.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return chunks
+        chunks.append(body[:size])
+        body = body[size + 2:]
+
+
+@pytest.mark.parametrize("path,body,tail", [
+    ("/v1/completions", b'{"prompt": "hi", "stream": true, "stream_options": {"include_usage": true}}',
+     [b'"finish_reason":"stop"', b'"usage":{', b"data: [DONE]"]),
+    ("/v1/messages", b'{"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": true}',
+     [b"event: content_block_stop", b"event: message_delta", b"event: message_stop"]),
+])
+def test_a_streams_text_comes_as_it_is_made_and_its_end_in_one_piece(gw, path, body, tail):
+    gw.reset(script("Qx1", "Qx2", "Qx3"), delay_s=0.05)
+    s = raw_request(gw.port, path, body)
+    try:
+        chunks = read_chunks(s)
+    finally:
+        s.close()
+    texts = [c for c in chunks if b"Qx" in c]
+    assert len(texts) == 3 and all(c.count(b"data: ") == 1 for c in texts)  # one chunk per response, as it came
+    last = chunks[-1]
+    assert all(part in last for part in tail) and b"Qx" not in last
