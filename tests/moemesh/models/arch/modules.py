@@ -51,3 +51,19 @@ def causal_mask(n: int, window: int | None = None) -> torch.Tensor:
     if window is not None:
         ok &= i[None, :] > i[:, None] - window
     return torch.zeros(n, n).masked_fill(~ok, float("-inf"))[None, None]
+
+
+def randomize_(module: torch.nn.Module, is_norm=lambda name: "norm" in name) -> None:
+    """A reference module's weights drawn from the current torch seed, in parameter order: norm
+    weights (`is_norm(name)`) 1 plus normal noise of std 0.1, the rest normal of std 0.1."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p)) if is_norm(name) else p.normal_(0, 0.1)
+
+
+def assert_prefill_then_decode(step, x: torch.Tensor, ref: torch.Tensor, prefill: int, tol: float = 1e-5) -> None:
+    """step(x_part [t, H], meta) -> [t, H] against ref [N, H]: positions [0, prefill) as one prefill,
+    then each later position as a one-token decode."""
+    torch.testing.assert_close(step(x[:prefill], prefill_meta(prefill)), ref[:prefill], rtol=tol, atol=tol)
+    for pos in range(prefill, x.shape[0]):
+        torch.testing.assert_close(step(x[pos : pos + 1], decode_meta(pos))[0], ref[pos], rtol=tol, atol=tol)

@@ -11,7 +11,7 @@ from moemesh.models.deepseek_v3.config import MLAConfig
 from moemesh.models.deepseek_v3.mla import LatentCache, absorbed_decode, expanded_prefill, mla_attention, queries
 from moemesh.models.deepseek_v3.model import load_mla
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
-from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta
+from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, model_config, prefill_meta, randomize_
 from tests.fixtures.checkpoints import tiny_config
 
 VARIANTS = [{}, dict(q_lora_rank=None, rope_interleave=False, rope_parameters={"rope_type": "default", "rope_theta": 1e4})]
@@ -22,9 +22,7 @@ def build(overrides):
     hf._attn_implementation = "eager"
     torch.manual_seed(0)
     attn = ds.DeepseekV3Attention(hf, layer_idx=0).eval()
-    with torch.no_grad():
-        for name, p in attn.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p)) if "layernorm" in name else p.normal_(0, 0.1)
+    randomize_(attn, lambda name: "layernorm" in name)
     cfg = model_config(hf)
     mla = MLAConfig.from_raw(cfg.raw)
     w = load_mla(DictReader(attn.state_dict(), "a."), "a", cfg, mla, torch.float32)

@@ -17,7 +17,7 @@ from moemesh.models.deepseek_v32.attention import DSAStep, dsa_attention
 from moemesh.models.deepseek_v32.config import DSAConfig, mla_config
 from moemesh.models.deepseek_v32.indexer import head_weights, index_keys, index_queries, index_scores, select_top_k
 from moemesh.models.deepseek_v32.model import DeepseekV32ForCausalLM
-from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, prefill_meta
+from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, prefill_meta, randomize_
 from tests.fixtures.checkpoints import YARN_DEEPSEEK
 
 TOPK = 5
@@ -39,9 +39,7 @@ def build(family: str):
     hf._attn_implementation = "eager"
     torch.manual_seed(0)
     attn = attn_cls(hf, 0).eval()
-    with torch.no_grad():
-        for name, p in attn.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p)) if name.endswith("norm.weight") else p.normal_(0, 0.1)
+    randomize_(attn, lambda name: name.endswith("norm.weight"))
     raw = hf.to_dict()
     raw["architectures"] = [arch]
     cfg = parse_model_config(raw)

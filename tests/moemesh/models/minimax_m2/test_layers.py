@@ -13,7 +13,7 @@ from moemesh.engine.kv_cache import KVCache
 from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
 from moemesh.models.minimax_m2.attention import MiniMaxAttention
 from moemesh.models.minimax_m2.config import GATE
-from tests.moemesh.models.arch.modules import DictReader, causal_mask, decode_meta, prefill_meta
+from tests.moemesh.models.arch.modules import DictReader, assert_prefill_then_decode, causal_mask, randomize_
 
 
 def config(**kw):
@@ -31,9 +31,7 @@ def test_attention_prefill_then_decode_match_transformers(rot):
     hf, cfg = config(rotary_dim=rot)
     torch.manual_seed(0)
     attn = mm.MiniMaxM2Attention(hf, 0).eval()
-    with torch.no_grad():
-        for name, p in attn.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.1)
+    randomize_(attn)
     ours = MiniMaxAttention(cfg, torch.float32)
     w = ours.load(DictReader(attn.state_dict(), "a."), "a")
     kv = KVCache(1, 8, 4, cfg.num_kv_heads, cfg.head_dim, torch.float32)
@@ -42,10 +40,7 @@ def test_attention_prefill_then_decode_match_transformers(rot):
     assert cos.shape[-1] == rot
     with torch.no_grad():
         ref = attn(x[None], (cos, sin), causal_mask(9))[0][0]
-        torch.testing.assert_close(ours(x[:6], w, prefill_meta(6), kv.layers[0]), ref[:6], rtol=1e-5, atol=1e-5)
-        for pos in range(6, 9):
-            got = ours(x[pos : pos + 1], w, decode_meta(pos), kv.layers[0])
-            torch.testing.assert_close(got[0], ref[pos], rtol=1e-5, atol=1e-5)
+        assert_prefill_then_decode(lambda part, meta: ours(part, w, meta, kv.layers[0]), x, ref, prefill=6)
 
 
 def test_router_is_the_grouped_gate_with_one_group():
