@@ -97,7 +97,8 @@ async def unless_disconnected(receive, work):
     except asyncio.CancelledError:
         if not gone:
             raise
-        current.uncancel()
+        if hasattr(current, "uncancel"):  # 3.11+ counts cancel requests; 3.10 has nothing to undo
+            current.uncancel()
         raise ClientGone() from None
     finally:
         watcher.cancel()
