@@ -118,6 +118,8 @@ class WorkSample:
     service_s: float
     cpu_s: float = 0.0  # the process's CPU seconds
     cpu_limit: float = 0.0  # CPUs it may use (0: not limited)
+    compute_cpu_s: float = 0.0  # thread CPU seconds inside the expert kernel (0: not reported)
+    call_cpu_s: float = 0.0  # thread CPU seconds of the calls' handling outside the kernel
 
 
 @dataclass(frozen=True)
@@ -136,9 +138,14 @@ class StepCosts:
     cpu_per_step: Mapping[str, float] = field(default_factory=dict)  # CPU seconds each server used per step
     cpu_limit: Mapping[str, float] = field(default_factory=dict)  # CPUs each limited server may use
     cpu_cost: ServerCost | None = None  # CPU seconds per call, expert computed, row (None: as the server's time)
+    cpu_servers: Mapping[str, ServerCost] = field(default_factory=dict)  # each server's own, where measured
 
     def server(self, server_id: str) -> ServerCost:
         return self.servers.get(server_id, self.default)
+
+    def cpu(self, server_id: str) -> ServerCost | None:
+        """CPU seconds per call, expert computed and row of a server (None: price its CPU as its time)."""
+        return self.cpu_servers.get(server_id, self.cpu_cost)
 
 
 def _fit(x_rows: Sequence[Sequence[float]], y_values: Sequence[float], prior: Sequence[float]) -> list[float]:
@@ -176,14 +183,30 @@ def calibrate(
     steps = busiest.requests / max(1, num_layers)
     cpu = {sid: w.cpu_s / steps for sid, w in seen.items() if w.cpu_s > 0}
     limits = {sid: w.cpu_limit for sid, w in work.items() if w.cpu_limit > 0}
-    used = [w for w in seen.values() if w.cpu_s > 0]
-    cpu_cost = None
-    if used:  # the same work costs the same CPU on every server (a budget limits its rate, not its cost)
-        prior = base.default
-        cpu_cost = ServerCost(*_fit([[w.requests, w.expert_calls, w.rows] for w in used], [w.cpu_s for w in used],
-                                    [prior.call_s, prior.expert_s, prior.row_s]))
+    cpu_cost, cpu_servers = _cpu_costs({sid: w for sid, w in seen.items() if w.cpu_s > 0}, base.default)
     return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True,
-                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost)
+                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost, cpu_servers=cpu_servers)
+
+
+def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost) -> tuple[ServerCost | None, dict[str, ServerCost]]:
+    """(the typical server's CPU costs, each server's) from the servers that reported CPU seconds.
+    Where a server measured its kernel's CPU apart, the kernel's CPU is fitted per expert computed
+    and per row over those servers (the same work costs the same CPU on every server: a budget
+    limits its rate, not its cost), and the rest of its process's CPU (decoding, encoding, the
+    gRPC threads, the event loop: everything the kernel does not do) is its own per-call cost,
+    measured, not fitted. Servers that did not report the split are fitted as calls, experts and
+    rows together (which cannot tell a call's cost from its rows' when every server gets the same
+    number of calls)."""
+    if not used:
+        return None, {}
+    split = {sid: w for sid, w in used.items() if w.compute_cpu_s > 0}
+    if not split:
+        return ServerCost(*_fit([[w.requests, w.expert_calls, w.rows] for w in used.values()], [w.cpu_s for w in used.values()],
+                                [prior.call_s, prior.expert_s, prior.row_s])), {}
+    expert_s, row_s = _fit([[w.expert_calls, w.rows] for w in split.values()], [w.compute_cpu_s for w in split.values()],
+                           [prior.expert_s, prior.row_s])
+    servers = {sid: ServerCost(max(w.call_cpu_s, w.cpu_s - w.compute_cpu_s) / w.requests, expert_s, row_s) for sid, w in split.items()}
+    return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers
 
 
 # ---- step time of a placement -------------------------------------------------------------------
@@ -218,7 +241,7 @@ def _expert_times(rows, placement: Placement, layers: Sequence[int], costs: Step
             p = -math.expm1(-n)
             called += p
             t = p * c.call_s + g * c.expert_s + n * (c.row_s + costs.row_bytes / costs.link_bytes_s)
-            u = costs.cpu_cost
+            u = costs.cpu(s)
             cpu = t if u is None else p * u.call_s + g * u.expert_s + n * u.row_s
             cpu_per_step[s] = cpu_per_step.get(s, 0.0) + cpu
             slowest = max(slowest, t)
