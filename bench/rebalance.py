@@ -209,7 +209,8 @@ def server_shares(st) -> str:
 
 def window_work(st) -> str:
     """Each expert server's work over its load window, per second: calls, rows, CPU (of its limit),
-    computing, in service."""
+    computing, in service; and its CPU per call: all of it, in the kernel, and in the servicer's
+    handling outside it (the rest: gRPC threads, the event loop, heartbeats)."""
     out = []
     for s in st.servers:
         w = s.window_work
@@ -218,8 +219,14 @@ def window_work(st) -> str:
         limit = f"/{w.cpu_limit:g}" if w.cpu_limit else ""
         out.append(f"{s.server.server_id}: {w.requests / w.seconds:.0f} calls/s, {w.rows / w.seconds:.0f} rows/s, "
                    f"cpu {w.cpu_seconds / w.seconds:.2f}{limit}, computing {w.busy_seconds / w.seconds:.2f}, "
-                   f"in service {w.service_seconds / w.seconds:.2f}")
+                   f"in service {w.service_seconds / w.seconds:.2f}, "
+                   f"cpu per call {_ms_per(w.cpu_seconds, w.requests)} ms (kernel {_ms_per(w.compute_cpu_seconds, w.requests)}, "
+                   f"servicer {_ms_per(w.call_cpu_seconds, w.requests)})")
     return "; ".join(out)
+
+
+def _ms_per(seconds: float, count: int) -> str:
+    return f"{1e3 * seconds / count:.2f}" if count else "-"
 
 
 def rebalance_watching(ctl, version: int):

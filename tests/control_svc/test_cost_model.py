@@ -98,8 +98,9 @@ def test_a_servers_cpu_budget_bounds_the_step():
     p = predict(rows, hot, rows, spread, [0], costs)  # a's share halves: its CPU too, 5 s a step
     # the budget explains the whole measured step (a waited out its quota): nothing else is left
     assert (p.step_s_before, p.step_s_after, p.other_s, p.budget_bound) == pytest.approx((10.0, 5.0, 0.0, True))
-    longer = predict(rows, hot, rows, spread, [0], replace(costs, step_s=14.0))  # 4 s of the step are not the budget's
-    assert (longer.other_s, longer.step_s_after, longer.budget_bound) == pytest.approx((4.0, 6.0, False))
+    # 4 s of the step are not the budget's: they add to it (a quota period left unused is lost)
+    longer = predict(rows, hot, rows, spread, [0], replace(costs, step_s=14.0))
+    assert (longer.other_s, longer.step_s_after, longer.budget_bound) == pytest.approx((4.0, 9.0, True))
     more = predict(rows, hot, rows * 3, hot, [0], costs)  # three times the rows on a: 60 s of CPU, 30 s a step
     assert (more.step_s_after, more.budget_bound) == (pytest.approx(30.0), True)
     assert more.gain == pytest.approx(1 / 3)
