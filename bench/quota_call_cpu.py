@@ -1,18 +1,20 @@
 """One expert server's CPU per call under a CPU quota, by the quota's period.
 
     python bench/quota_call_cpu.py [--shape qwen3-sparse-tiny-skew] [--model DIR] [--cores 0.1]
-        [--periods-ms 10,20,50,100] [--rounds 2] [--phase-s 5] [--json]
+        [--periods-ms 10,20,50,100] [--experts-per-call 4] [--rounds 2] [--phase-s 5] [--json]
 
 One expert server (every expert of the checkpoint loaded, one torch thread) runs in a cgroup of its
 own with a quota of `--cores` CPUs (`moemesh.launcher.cpu_budget`; cgroup v1 or v2 only: the quota's
-period is what is measured). A client in this process sends it the same decode-sized call (8 tokens,
-4 experts, top-2, bfloat16) one at a time, as fast as it answers, for `--phase-s` seconds at each
-period in turn (`--rounds` times, alternating), then once without a quota. Each phase reports calls
+period is what is measured; the quota is lifted while the server loads). A client in this process
+sends it a decode-sized call (8 tokens, each routed to 2 of `--experts-per-call` experts of the first
+MoE layer: 16 rows whatever the experts, so only the expert weights a call reads change) one at a
+time, as fast as it answers, for `--phase-s` seconds at each (period, experts per call) in turn
+(`--rounds` times, alternating), then once per experts-per-call without a quota. Each phase reports calls
 per second and, from the server's window work (ExpertStats.window_work), its process CPU per call
 and the thread CPU per call inside the kernel and in the servicer's handling outside it; and the
 cgroup's throttled time per second. The budget (CPUs) is the same at every period: only the length
 of the slices the server runs in changes (quota = cores x period). With `--json`, one JSON object is
-printed last: {"phases": [{"phase", "period_ms", "calls_per_s", "cpu_per_call_ms", "kernel_ms",
+printed last: {"phases": [{"phase", "period_ms", "experts", "calls_per_s", "cpu_per_call_ms", "kernel_ms",
 "servicer_ms", "throttled_ms_per_s"}, ...], "config": {...}}.
 """
 from __future__ import annotations
@@ -69,23 +71,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="a checkpoint directory instead of --shape")
     p.add_argument("--cores", type=float, default=0.1, help="the server's CPU budget")
     p.add_argument("--periods-ms", type=positive_ints, default=(10, 20, 50, 100), help="quota periods to compare")
+    p.add_argument("--experts-per-call", type=positive_ints, default=(4,), help="experts each call's 16 rows go to (a list: each in turn)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--phase-s", type=float, default=5.0)
     p.add_argument("--json", action="store_true", help="print one JSON object with every figure last")
     ns = p.parse_args(argv)
     if not 0 < ns.cores < 1 or ns.rounds < 1 or ns.phase_s <= 0:
         p.error("need 0 < --cores < 1, --rounds >= 1 and --phase-s > 0")
+    if not 2 <= min(ns.experts_per_call) <= max(ns.experts_per_call) <= 16:
+        p.error("need 2 <= --experts-per-call <= 16")
     if min(ns.periods_ms) * ns.cores < 1:
         p.error("each period x --cores must be at least 1 ms (the kernel's shortest quota)")
     return ns
 
 
-def decode_call(model) -> ExpertRequest:
-    """8 tokens, each routed to 2 of 4 experts of the first MoE layer, bfloat16."""
+def decode_call(model, experts: int) -> ExpertRequest:
+    """8 tokens, each routed to 2 of `experts` experts of the first MoE layer (spread over its
+    experts; each gets at least one row), bfloat16."""
+    if not 2 <= experts <= min(16, model.num_experts):
+        raise ValueError(f"experts_per_call must be in [2, {min(16, model.num_experts)}], got {experts}")
     g = torch.Generator().manual_seed(0)
-    t, ids = 8, [0, 3, 5, 9 % model.num_experts]
-    picks = torch.rand(t, len(ids), generator=g).argsort(1)[:, :2]  # [T, 2] positions in ids
-    rows = [torch.nonzero((picks == j).any(1)).flatten() for j in range(len(ids))]
+    t = 8
+    ids = [e * model.num_experts // experts for e in range(experts)]
+    slots = torch.arange(2 * t) % experts  # [2T]: every expert gets a row, then round robin
+    slots = slots[torch.randperm(2 * t, generator=g)].view(t, 2)  # [T, 2]
+    slots[:, 1] = torch.where(slots[:, 1] == slots[:, 0], (slots[:, 1] + 1) % experts, slots[:, 1])  # two different experts a token
+    rows = [torch.nonzero((slots == j).any(1)).flatten() for j in range(experts)]
     token_idx = torch.cat(rows).to(torch.int32)
     return ExpertRequest(model.moe_layers[0], 1, torch.randn(t, model.hidden_size, generator=g).to(torch.bfloat16), token_idx,
                          torch.rand(token_idx.numel(), generator=g), torch.tensor(ids), torch.tensor([r.numel() for r in rows]))
@@ -112,15 +123,19 @@ class Quota:
         return int(stat["throttled_usec"]) / 1e6 if "throttled_usec" in stat else int(stat.get("throttled_time", 0)) / 1e9
 
 
-async def measure(address: str, request, quota: Quota, phases, phase_s: float) -> list[dict]:
-    """Each (name, cores, period_us) of `phases` in turn: closed-loop calls for `phase_s` seconds."""
+async def measure(address: str, requests: dict, quota: Quota, phases, phase_s: float) -> list[dict]:
+    """Each (name, cores, period_us, experts) of `phases` in turn: closed-loop calls of
+    `requests[experts]` for `phase_s` seconds."""
+    request = next(iter(requests.values()))
     async with make_channel(address, RPC) as ch:
         stub = expert_grpc.ExpertServiceStub(ch)
         go: asyncio.Queue = asyncio.Queue()
 
         async def calls():
+            call_id = 0
             while await go.get():
-                request.call_id += 1
+                call_id += 1
+                request.call_id = call_id
                 yield request
 
         answers = stub.ForwardStream(calls()).__aiter__()
@@ -140,9 +155,11 @@ async def measure(address: str, request, quota: Quota, phases, phase_s: float) -
             return {k: getattr(w, k) for k in WORK}
 
         quota.set(None)
-        await run(2.0)  # warm
+        for request in requests.values():  # warm (the loop below sends `request`)
+            await run(1.0)
         out = []
-        for name, cores, period_us in phases:
+        for name, cores, period_us, experts in phases:
+            request = requests[experts]
             quota.set(cores, period_us)
             w0, th0, t0 = await work(), quota.throttled_s(), time.monotonic()
             n = await run(phase_s)
@@ -150,7 +167,7 @@ async def measure(address: str, request, quota: Quota, phases, phase_s: float) -
             w1, th1 = await work(), quota.throttled_s()
             d = {k: w1[k] - w0[k] for k in WORK}
             per = 1e3 / max(1, d["requests"])
-            out.append({"phase": name, "period_ms": period_us / 1e3 if cores else None, "calls_per_s": round(n / dt, 1),
+            out.append({"phase": name, "period_ms": period_us / 1e3 if cores else None, "experts": experts, "calls_per_s": round(n / dt, 1),
                         "cpu_per_call_ms": round(d["cpu_seconds"] * per, 3), "kernel_ms": round(d["compute_cpu_seconds"] * per, 3),
                         "servicer_ms": round(d["call_cpu_seconds"] * per, 3), "throttled_ms_per_s": round(1e3 * (th1 - th0) / dt, 1)})
         await go.put(False)
@@ -172,22 +189,25 @@ def main(argv: list[str] | None = None) -> int:
                                   "num_threads": 1, "load_window_s": 3600})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MOEMESH_MESH_TOKEN": TOKEN}
     log_dir = Path(tempfile.mkdtemp(prefix="moemesh-bench-quota-"))
+    quota = Quota(slot.path, budgets.mode)
+    quota.set(None)  # the server loads its experts at full speed; each phase sets the quota it measures
     child = Child("expert", slot.wrap(argv_), log_dir / "expert.log", env=env)
     load_before = os.getloadavg()[0]
-    phases = [(f"{p} ms", ns.cores, p * 1000) for _ in range(ns.rounds) for p in ns.periods_ms] + [("no quota", None, 100_000)]
+    phases = [(f"{p} ms", ns.cores, p * 1000, k) for _ in range(ns.rounds) for p in ns.periods_ms for k in ns.experts_per_call]
+    phases += [("no quota", None, 100_000, k) for k in ns.experts_per_call]
     try:
-        wait_serving(f"127.0.0.1:{port}", 300, alive=lambda: child.poll() is None, rpc=RPC)
-        results = asyncio.run(measure(f"127.0.0.1:{port}", request_message(decode_call(model)), Quota(slot.path, budgets.mode),
-                                      phases, ns.phase_s))
+        wait_serving(f"127.0.0.1:{port}", 600, alive=lambda: child.poll() is None, rpc=RPC)
+        requests = {k: request_message(decode_call(model, k)) for k in ns.experts_per_call}
+        results = asyncio.run(measure(f"127.0.0.1:{port}", requests, quota, phases, ns.phase_s))
     finally:
         stop_all([child], 10)
         budgets.close()
     say(f"bench/quota_call_cpu: {model_dir}, one expert server at {ns.cores:g} cores ({budgets.mode}), closed-loop decode calls "
         f"(CPU, {os.cpu_count()} cores, load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
-    say(f"{'period':<10} {'calls/s':>8} {'cpu/call ms':>12} {'kernel ms':>10} {'servicer ms':>12} {'throttled ms/s':>15}")
+    say(f"{'period':<10} {'experts':>7} {'calls/s':>8} {'cpu/call ms':>12} {'kernel ms':>10} {'servicer ms':>12} {'throttled ms/s':>15}")
     for r in results:
-        say(f"{r['phase']:<10} {r['calls_per_s']:8.1f} {r['cpu_per_call_ms']:12.3f} {r['kernel_ms']:10.3f} {r['servicer_ms']:12.3f} "
-            f"{r['throttled_ms_per_s']:15.1f}")
+        say(f"{r['phase']:<10} {r['experts']:7d} {r['calls_per_s']:8.1f} {r['cpu_per_call_ms']:12.3f} {r['kernel_ms']:10.3f} "
+            f"{r['servicer_ms']:12.3f} {r['throttled_ms_per_s']:15.1f}")
     if ns.json:
         print(json.dumps({"phases": results, "config": {"model": model_dir, "cores": ns.cores, "cpu_budget": budgets.mode,
                                                         "phase_s": ns.phase_s, "load_average": round(os.getloadavg()[0], 2),

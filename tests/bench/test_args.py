@@ -116,10 +116,12 @@ def test_quota_call_cpu_defaults_and_rejects(capsys):
     from bench import quota_call_cpu
 
     ns = quota_call_cpu.parse_args([])
-    assert (ns.shape, ns.cores, ns.periods_ms, ns.rounds, ns.json) == ("qwen3-sparse-tiny-skew", 0.1, (10, 20, 50, 100), 2, False)
+    assert (ns.shape, ns.cores, ns.periods_ms, ns.experts_per_call, ns.rounds, ns.json) == (
+        "qwen3-sparse-tiny-skew", 0.1, (10, 20, 50, 100), (4,), 2, False)
     assert quota_call_cpu.parse_args(["--periods-ms", "20, 200", "--cores", "0.5"]).periods_ms == (20, 200)
     for argv, message in ((["--cores", "1"], "0 < --cores < 1"), (["--periods-ms", "5"], "at least 1 ms"),
-                          (["--periods-ms", "0"], "integers >= 1"), (["--rounds", "0"], "--rounds >= 1")):
+                          (["--periods-ms", "0"], "integers >= 1"), (["--rounds", "0"], "--rounds >= 1"),
+                          (["--experts-per-call", "1,8"], "--experts-per-call")):
         with pytest.raises(SystemExit) as e:
             quota_call_cpu.parse_args(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
