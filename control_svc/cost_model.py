@@ -40,8 +40,8 @@ CPU outside the kernel over its calls (decoding and encoding in the servicer, wh
 apart, and the gRPC threads and the event loop around them, which only the process's CPU holds),
 so a call's fixed CPU counts once per layer a server is called and spreading hot experts spreads
 calls too. Servers that report no kernel CPU are fitted as call_s x calls + expert_s x experts +
-row_s x rows over all servers, which cannot tell a call's cost from its rows' when the servers get
-the same number of calls. Steps in the window: the most calls one server got over the number of MoE
+row_s x rows over all servers, which cannot tell a call's cost from its rows' where the servers'
+calls and rows go together. Steps in the window: the most calls one server got over the number of MoE
 layers (a server holding warm experts is called at every layer of every step); the measured step
 time is that server's window over them. Without reports the priors stand (`CostPriors`, from the
 model's shape), and a step is taken to carry one token.
@@ -205,8 +205,8 @@ def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost) -> tuple[Serve
     limits its rate, not its cost), and the rest of its process's CPU (decoding, encoding, the
     gRPC threads, the event loop: everything the kernel does not do) is its own per-call cost,
     measured, not fitted. Servers that did not report the split are fitted as calls, experts and
-    rows together (which cannot tell a call's cost from its rows' when every server gets the same
-    number of calls)."""
+    rows together (which cannot tell a call's cost from its rows' where the servers' calls and
+    rows go together)."""
     if not used:
         return None, {}
     split = {sid: w for sid, w in used.items() if w.compute_cpu_s > 0}
