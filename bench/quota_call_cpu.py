@@ -12,10 +12,11 @@ time, as fast as it answers, for `--phase-s` seconds at each (period, experts pe
 (`--rounds` times, alternating), then once per experts-per-call without a quota. Each phase reports calls
 per second and, from the server's window work (ExpertStats.window_work), its process CPU per call
 and the thread CPU per call inside the kernel and in the servicer's handling outside it; and the
-cgroup's throttled time per second. The budget (CPUs) is the same at every period: only the length
+cgroup's throttled time per second, and the server process's CPU per call by thread name (from
+/proc: the event loop's thread is "python", gRPC's are "event_engine" and "grpc_global_tim"). The budget (CPUs) is the same at every period: only the length
 of the slices the server runs in changes (quota = cores x period). With `--json`, one JSON object is
 printed last: {"phases": [{"phase", "period_ms", "experts", "calls_per_s", "cpu_per_call_ms", "kernel_ms",
-"servicer_ms", "throttled_ms_per_s"}, ...], "config": {...}}.
+"servicer_ms", "throttled_ms_per_s", "threads_ms": {name: ms}}, ...], "config": {...}}.
 """
 from __future__ import annotations
 
@@ -123,7 +124,22 @@ class Quota:
         return int(stat["throttled_usec"]) / 1e6 if "throttled_usec" in stat else int(stat.get("throttled_time", 0)) / 1e9
 
 
-async def measure(address: str, requests: dict, quota: Quota, phases, phase_s: float) -> list[dict]:
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of process `pid` so far, summed by thread name (/proc; threads that
+    exited are not counted)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(rest[11]) + int(rest[12])) / tick  # utime, stime
+    return out
+
+
+async def measure(address: str, requests: dict, quota: Quota, phases, phase_s: float, pid: int) -> list[dict]:
     """Each (name, cores, period_us, experts) of `phases` in turn: closed-loop calls of
     `requests[experts]` for `phase_s` seconds."""
     request = next(iter(requests.values()))
@@ -161,15 +177,16 @@ async def measure(address: str, requests: dict, quota: Quota, phases, phase_s: f
         for name, cores, period_us, experts in phases:
             request = requests[experts]
             quota.set(cores, period_us)
-            w0, th0, t0 = await work(), quota.throttled_s(), time.monotonic()
+            w0, th0, cpu0, t0 = await work(), quota.throttled_s(), thread_cpu(pid), time.monotonic()
             n = await run(phase_s)
             dt = time.monotonic() - t0
-            w1, th1 = await work(), quota.throttled_s()
+            w1, th1, cpu1 = await work(), quota.throttled_s(), thread_cpu(pid)
             d = {k: w1[k] - w0[k] for k in WORK}
             per = 1e3 / max(1, d["requests"])
             out.append({"phase": name, "period_ms": period_us / 1e3 if cores else None, "experts": experts, "calls_per_s": round(n / dt, 1),
                         "cpu_per_call_ms": round(d["cpu_seconds"] * per, 3), "kernel_ms": round(d["compute_cpu_seconds"] * per, 3),
-                        "servicer_ms": round(d["call_cpu_seconds"] * per, 3), "throttled_ms_per_s": round(1e3 * (th1 - th0) / dt, 1)})
+                        "servicer_ms": round(d["call_cpu_seconds"] * per, 3), "throttled_ms_per_s": round(1e3 * (th1 - th0) / dt, 1),
+                        "threads_ms": {k: round((v - cpu0.get(k, 0.0)) * per, 3) for k, v in sorted(cpu1.items()) if v > cpu0.get(k, 0.0)}})
         await go.put(False)
         return out
 
@@ -198,16 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_serving(f"127.0.0.1:{port}", 600, alive=lambda: child.poll() is None, rpc=RPC)
         requests = {k: request_message(decode_call(model, k)) for k in ns.experts_per_call}
-        results = asyncio.run(measure(f"127.0.0.1:{port}", requests, quota, phases, ns.phase_s))
+        results = asyncio.run(measure(f"127.0.0.1:{port}", requests, quota, phases, ns.phase_s, child.proc.pid))
     finally:
         stop_all([child], 10)
         budgets.close()
     say(f"bench/quota_call_cpu: {model_dir}, one expert server at {ns.cores:g} cores ({budgets.mode}), closed-loop decode calls "
         f"(CPU, {os.cpu_count()} cores, load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
-    say(f"{'period':<10} {'experts':>7} {'calls/s':>8} {'cpu/call ms':>12} {'kernel ms':>10} {'servicer ms':>12} {'throttled ms/s':>15}")
+    say(f"{'period':<10} {'experts':>7} {'calls/s':>8} {'cpu/call ms':>12} {'kernel ms':>10} {'servicer ms':>12} {'throttled ms/s':>15}   CPU ms per call by thread")
     for r in results:
         say(f"{r['phase']:<10} {r['experts']:7d} {r['calls_per_s']:8.1f} {r['cpu_per_call_ms']:12.3f} {r['kernel_ms']:10.3f} "
-            f"{r['servicer_ms']:12.3f} {r['throttled_ms_per_s']:15.1f}")
+            f"{r['servicer_ms']:12.3f} {r['throttled_ms_per_s']:15.1f}   "
+            + " ".join(f"{k} {v:.2f}" for k, v in r["threads_ms"].items()))
     if ns.json:
         print(json.dumps({"phases": results, "config": {"model": model_dir, "cores": ns.cores, "cpu_budget": budgets.mode,
                                                         "phase_s": ns.phase_s, "load_average": round(os.getloadavg()[0], 2),
