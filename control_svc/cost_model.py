@@ -37,7 +37,8 @@ its call_s is its in-service seconds not spent computing, per call. CPU is not f
 measured: the kernel's CPU seconds are fitted per expert computed and per row over the servers (the
 same work costs the same CPU on every server), and a server's CPU per call is all its process's
 CPU outside the kernel over its calls (decoding and encoding in the servicer, which it measures
-apart, and the gRPC threads and the event loop around them, which only the process's CPU holds),
+apart, and the gRPC threads and the event loop around them, which only the process's CPU holds;
+less the CPU of loading and dropping experts, which the server also measures apart),
 so a call's fixed CPU counts once per layer a server is called and spreading hot experts spreads
 calls too. Servers that report no kernel CPU are fitted as call_s x calls + expert_s x experts +
 row_s x rows over all servers, which cannot tell a call's cost from its rows' where the servers'
@@ -130,6 +131,7 @@ class WorkSample:
     cpu_limit: float = 0.0  # CPUs it may use (0: not limited)
     compute_cpu_s: float = 0.0  # thread CPU seconds inside the expert kernel (0: not reported)
     call_cpu_s: float = 0.0  # thread CPU seconds of the calls' handling outside the kernel
+    change_cpu_s: float = 0.0  # thread CPU seconds of placement changes (loading, dropping experts)
 
 
 @dataclass(frozen=True)
@@ -203,8 +205,8 @@ def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost) -> tuple[Serve
     Where a server measured its kernel's CPU apart, the kernel's CPU is fitted per expert computed
     and per row over those servers (the same work costs the same CPU on every server: a budget
     limits its rate, not its cost), and the rest of its process's CPU (decoding, encoding, the
-    gRPC threads, the event loop: everything the kernel does not do) is its own per-call cost,
-    measured, not fitted. Servers that did not report the split are fitted as calls, experts and
+    gRPC threads, the event loop: everything the kernel does not do, less the CPU its placement
+    changes took) is its own per-call cost, measured, not fitted. Servers that did not report the split are fitted as calls, experts and
     rows together (which cannot tell a call's cost from its rows' where the servers' calls and
     rows go together)."""
     if not used:
@@ -215,7 +217,8 @@ def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost) -> tuple[Serve
                                 [prior.call_s, prior.expert_s, prior.row_s])), {}
     expert_s, row_s = _fit([[w.expert_calls, w.rows] for w in split.values()], [w.compute_cpu_s for w in split.values()],
                            [prior.expert_s, prior.row_s])
-    servers = {sid: ServerCost(max(w.call_cpu_s, w.cpu_s - w.compute_cpu_s) / w.requests, expert_s, row_s) for sid, w in split.items()}
+    servers = {sid: ServerCost(max(w.call_cpu_s, w.cpu_s - w.compute_cpu_s - w.change_cpu_s) / w.requests, expert_s, row_s)
+               for sid, w in split.items()}
     return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers
 
 

@@ -129,6 +129,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 start = time.monotonic()
                 _, cpu_s = await self._run(context, cpu_timed(fn), le.layer, list(le.expert_ids))
                 elapsed = time.monotonic() - start
+                self.shard.stats.changed(cpu_s)
                 changing += elapsed
                 self._changed(le, request.placement_version)
                 if self.pacer is not None:

@@ -6,7 +6,9 @@ seconds spent computing, the seconds with at least one call in service (from its
 answer: decoding, computing, encoding, and any wait for the server's CPU budget), the process's
 CPU seconds, and of them the thread CPU seconds measured per call: inside the expert kernel
 (`compute_cpu_seconds`) and in the call's handling outside it (`call_cpu_seconds`: decoding the
-request, checks, encoding the answer); and it says how many CPUs the process may use (`cpu_limit`).
+request, checks, encoding the answer), and the thread CPU seconds of placement changes (loading
+and dropping experts: `change_cpu_seconds`, so they are not taken for the calls' cost); and it says
+how many CPUs the process may use (`cpu_limit`).
 The control plane calibrates its cost model from these (`control_svc/cost_model.py`)."""
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch
 from moemesh.telemetry import ExpertLoadCounter, ServiceMetrics, SlidingSums
 
 WORK = ("requests", "expert_calls", "rows", "busy_seconds", "service_seconds", "cpu_seconds", "compute_cpu_seconds",
-        "call_cpu_seconds")
+        "call_cpu_seconds", "change_cpu_seconds")
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,10 @@ class ShardStats:
             self._busy += seconds
         if self.metrics is not None:
             self.metrics.add_busy(seconds)
+
+    def changed(self, cpu_s: float) -> None:
+        """A placement change (one layer's LoadExperts or DropExperts) took `cpu_s` thread CPU seconds."""
+        self.work.add(change_cpu_seconds=max(0.0, cpu_s))
 
     def _cpu_since(self) -> float:
         """Process CPU seconds since the last call (what the window has not counted yet)."""

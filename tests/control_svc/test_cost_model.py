@@ -243,3 +243,14 @@ def test_a_call_heavy_server_gains_little_from_halving_its_rows_and_a_row_heavy_
     assert costs.cpu("s0").call_s == pytest.approx(0.3e-3, rel=1e-6)
     assert heavy_rows == pytest.approx(true_rows, rel=0.03) and heavy_rows > 1.4
 
+
+
+def test_a_placement_changes_cpu_is_not_charged_to_the_calls():
+    # 400 calls, 1.0 s of process CPU: 0.2 s in the kernel, 0.3 s loading experts during the window
+    work = {s: WorkSample(10.0, 400, 800, 2000, busy_s=0.2, service_s=0.4, cpu_s=1.0, cpu_limit=0.1, compute_cpu_s=0.2,
+                          call_cpu_s=0.2, change_cpu_s=0.3 if s == "a" else 0.0) for s in ("a", "b")}
+    costs = calibrate(work, SHAPE, num_layers=1)
+    assert costs.cpu("a").call_s == pytest.approx(0.5 / 400) and costs.cpu("b").call_s == pytest.approx(0.8 / 400)
+    # the servicer's own measure is the floor: the process's CPU cannot have spent less on the calls
+    floor = calibrate({"a": replace(work["a"], change_cpu_s=0.7)}, SHAPE, num_layers=1)
+    assert floor.cpu("a").call_s == pytest.approx(0.2 / 400)

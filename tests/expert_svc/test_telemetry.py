@@ -47,10 +47,12 @@ def test_work_over_the_window_counts_calls_experts_rows_and_service_time():
     clock.t = 1.5
     stats.record(1, torch.tensor([2]), torch.tensor([1]), 0.25)
     stats.leave()
+    stats.changed(0.125)  # a LoadExperts layer's CPU: counted apart from the calls'
     cpu.t = 0.75  # the process's CPU time: what the window adds by the snapshot
     snap = stats.snapshot()
     assert snap.work == {"requests": 3, "expert_calls": 4, "rows": 9, "busy_seconds": 0.875, "service_seconds": 1.5,
-                         "cpu_seconds": 0.75, "compute_cpu_seconds": 0.0625, "call_cpu_seconds": 0.003, "seconds": 1.5}
+                         "cpu_seconds": 0.75, "compute_cpu_seconds": 0.0625, "call_cpu_seconds": 0.003, "change_cpu_seconds": 0.125,
+                         "seconds": 1.5}
     assert snap.cpu_limit == 0.5
 
 
