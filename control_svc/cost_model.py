@@ -34,8 +34,9 @@ seconds are fitted as expert_s x experts + row_s x rows over all servers (least 
 towards the priors so that little traffic cannot set them alone); each server's costs are then
 scaled by its own measured / fitted compute time (a server on a smaller CPU budget is slower), and
 its call_s is its in-service seconds not spent computing, per call. CPU is not fitted where it is
-measured: the kernel's CPU seconds are fitted per expert computed and per row over the servers (the
-same work costs the same CPU on every server), and a server's CPU per call is all its process's
+measured: the kernel's CPU seconds are fitted per expert computed and per row over the servers and
+scaled by each server's measured / fitted (a quota's short slices make the same work cost a server
+more CPU: it runs on caches the other processes filled), and a server's CPU per call is all its process's
 CPU outside the kernel over its calls (decoding and encoding in the servicer, which it measures
 apart, and the gRPC threads and the event loop around them, which only the process's CPU holds;
 less the CPU of loading and dropping experts, which the server also measures apart),
@@ -248,8 +249,8 @@ def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost, call_row_s: fl
                min_requests: int = 20) -> tuple[ServerCost | None, dict[str, ServerCost]]:
     """(the typical server's CPU costs, each server's) from the servers that reported CPU seconds.
     Where a server measured its kernel's CPU apart, the kernel's CPU is fitted per expert computed
-    and per row over those servers (the same work costs the same CPU on every server: a budget
-    limits its rate, not its cost), and the rest of its process's CPU (decoding, encoding, the
+    and per row over those servers and scaled by each server's measured / fitted (under a quota's
+    short slices the same work costs a server more CPU), and the rest of its process's CPU (decoding, encoding, the
     gRPC threads, the event loop: everything the kernel does not do, less the CPU its placement
     changes took) is its own per-call cost, measured, not fitted. Servers that did not report the split are fitted as calls, experts and
     rows together (which cannot tell a call's cost from its rows' where the servers' calls and
@@ -272,7 +273,12 @@ def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost, call_row_s: fl
     for sid, w in split.items():
         outside = _outside_cpu(w)
         rows_cpu = min(outside, per_row * w.rows)
-        servers[sid] = ServerCost((outside - rows_cpu) / w.requests, expert_s, row_s + (rows_cpu / w.rows if w.rows else per_row))
+        # the kernel's CPU of this server: the fit scaled by its own measured / fitted (a server that
+        # runs in a quota's short slices pays more CPU for the same work: caches the others filled)
+        fitted = expert_s * w.expert_calls + row_s * w.rows
+        scale = min(MAX_SCALE, max(MIN_SCALE, w.compute_cpu_s / fitted)) if fitted > 0 else 1.0
+        servers[sid] = ServerCost((outside - rows_cpu) / w.requests, expert_s * scale,
+                                  row_s * scale + (rows_cpu / w.rows if w.rows else per_row))
     return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers
 
 

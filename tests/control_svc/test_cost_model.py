@@ -323,3 +323,43 @@ def test_the_per_row_call_cpu_falls_back_to_the_prior_when_the_rows_per_call_do_
     history, now, _, _ = _row_dependent_calls((4.0, 2.0, 4.0))
     per_row, fitted = call_row_cpu({s: [*history[s], now[s]] for s in now}, prior=7e-6)
     assert fitted and per_row == pytest.approx(40e-6, rel=0.02)
+
+
+def test_a_server_whose_kernel_costs_it_more_cpu_keeps_that_stretch_after_a_rebalance():
+    # the hot server "a" runs in its quota's short slices: the same kernel work costs it 1.6x the CPU
+    # it costs the five others (which set the fit); 0.1 CPUs each, one MoE layer, 400 steps in 10 s
+    cold = ("b", "c", "d", "e", "f")
+    stretch = {"a": 1.6, **{s: 1.0 for s in cold}}
+    fixed = {"a": 1.5e-3, **{s: 1e-3 for s in cold}}
+    expert_s, row_s = 60e-6, 25e-6
+
+    def per_step(rows, placement) -> dict[str, tuple[float, float]]:  # server -> (rows, experts computed) a step
+        out: dict[str, list[float]] = {}
+        for e, holders in enumerate(placement.replicas[0]):
+            share = float(rows[0, e]) / len(holders)
+            for s in holders:
+                acc = out.setdefault(s, [0.0, 0.0])
+                acc[0] += share
+                acc[1] += -math.expm1(-share)
+        return {s: (n, g) for s, (n, g) in out.items()}
+
+    def true_cpu(rows, placement) -> dict[str, float]:
+        return {s: -math.expm1(-n) * fixed[s] + stretch[s] * (expert_s * g + row_s * n) for s, (n, g) in per_step(rows, placement).items()}
+
+    # a holds two hot experts (30 and 20 rows a step), each cold server one expert and a share of the last
+    rows = torch.tensor([[30.0, 20.0, 16.0, 14.0, 12.0, 10.0, 8.0, 10.0]])  # [1, 8] per step
+    hot = Placement(1, {0: (("a",), ("a",), ("b",), ("c",), ("d",), ("e",), ("f",), cold)})
+    spread = Placement(2, {0: (("a", "f"), ("b", "c"), ("b",), ("c",), ("d",), ("e",), ("f",), ("d", "e"))})
+    work = {}
+    for s, (n, g) in per_step(rows, hot).items():
+        kernel = stretch[s] * (expert_s * g + row_s * n)
+        calls = 400 * -math.expm1(-n)
+        work[s] = WorkSample(10.0, round(calls), round(400 * g), round(400 * n), busy_s=400 * kernel, service_s=400 * kernel + calls * 1e-4,
+                             cpu_s=400 * kernel + calls * fixed[s], cpu_limit=0.1, compute_cpu_s=400 * kernel, call_cpu_s=calls * 0.5e-3)
+    costs = calibrate(work, SHAPE, num_layers=1)
+    for s, w in work.items():  # each server's modelled CPU for its window is what it measured
+        u = costs.cpu(s)
+        assert u.call_s * w.requests + u.expert_s * w.expert_calls + u.row_s * w.rows == pytest.approx(w.cpu_s, rel=1e-6)
+    p = predict(rows, hot, rows, spread, [0], costs)
+    truth = max(true_cpu(rows, hot).values()) / max(true_cpu(rows, spread).values())
+    assert p.budget_bound and p.gain == pytest.approx(truth, rel=0.03)
