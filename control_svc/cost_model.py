@@ -161,6 +161,8 @@ class StepCosts:
     cpu_limit: Mapping[str, float] = field(default_factory=dict)  # CPUs each limited server may use
     cpu_cost: ServerCost | None = None  # CPU seconds per call, expert computed, row (None: as the server's time)
     cpu_servers: Mapping[str, ServerCost] = field(default_factory=dict)  # each server's own, where measured
+    call_row_s: float = 0.0  # of the CPU outside the kernel, per row (`call_row_cpu`)
+    call_row_fitted: bool = False  # from the servers' windows (else the prior)
 
     def server(self, server_id: str) -> ServerCost:
         return self.servers.get(server_id, self.default)
@@ -207,10 +209,11 @@ def calibrate(
     steps = busiest.requests / max(1, num_layers)
     cpu = {sid: w.cpu_s / steps for sid, w in seen.items() if w.cpu_s > 0}
     limits = {sid: w.cpu_limit for sid, w in work.items() if w.cpu_limit > 0}
-    cpu_cost, cpu_servers = _cpu_costs({sid: w for sid, w in seen.items() if w.cpu_s > 0}, base.default, priors.call_row_s,
-                                       history or {}, min_requests)
+    cpu_cost, cpu_servers, (call_row_s, fitted) = _cpu_costs({sid: w for sid, w in seen.items() if w.cpu_s > 0}, base.default,
+                                                             priors.call_row_s, history or {}, min_requests)
     return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True,
-                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost, cpu_servers=cpu_servers)
+                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost, cpu_servers=cpu_servers, call_row_s=call_row_s,
+                   call_row_fitted=fitted)
 
 
 def _outside_cpu(w: WorkSample) -> float:
@@ -246,8 +249,9 @@ def call_row_cpu(samples: Mapping[str, Sequence[WorkSample]], prior: float) -> t
 
 def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost, call_row_s: float = CostPriors.call_row_s,
                history: Mapping[str, Sequence[WorkSample]] | None = None,
-               min_requests: int = 20) -> tuple[ServerCost | None, dict[str, ServerCost]]:
-    """(the typical server's CPU costs, each server's) from the servers that reported CPU seconds.
+               min_requests: int = 20) -> tuple[ServerCost | None, dict[str, ServerCost], tuple[float, bool]]:
+    """(the typical server's CPU costs, each server's, (the per-row CPU outside the kernel, fitted?))
+    from the servers that reported CPU seconds.
     Where a server measured its kernel's CPU apart, the kernel's CPU is fitted per expert computed
     and per row over those servers and scaled by each server's measured / fitted (under a quota's
     short slices the same work costs a server more CPU), and the rest of its process's CPU (decoding, encoding, the
@@ -256,17 +260,17 @@ def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost, call_row_s: fl
     rows together (which cannot tell a call's cost from its rows' where the servers' calls and
     rows go together)."""
     if not used:
-        return None, {}
+        return None, {}, (call_row_s, False)
     split = {sid: w for sid, w in used.items() if w.compute_cpu_s > 0}
     if not split:
         return ServerCost(*_fit([[w.requests, w.expert_calls, w.rows] for w in used.values()], [w.cpu_s for w in used.values()],
-                                [prior.call_s, prior.expert_s, prior.row_s])), {}
+                                [prior.call_s, prior.expert_s, prior.row_s])), {}, (call_row_s, False)
     expert_s, row_s = _fit([[w.expert_calls, w.rows] for w in split.values()], [w.compute_cpu_s for w in split.values()],
                            [prior.expert_s, prior.row_s])
     history = history or {}
     windows = {sid: [h for h in history.get(sid, ()) if h.compute_cpu_s > 0 and h.requests >= min_requests] + [w]
                for sid, w in split.items()}
-    per_row, _ = call_row_cpu(windows, call_row_s)
+    per_row, fitted = call_row_cpu(windows, call_row_s)
     # each server's fixed CPU per call: its calls' CPU outside the kernel now, less its rows' (at
     # most all of it: what the rows' share cannot exceed); its rows' CPU outside the kernel adds to the kernel's per row
     servers = {}
@@ -275,11 +279,11 @@ def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost, call_row_s: fl
         rows_cpu = min(outside, per_row * w.rows)
         # the kernel's CPU of this server: the fit scaled by its own measured / fitted (a server that
         # runs in a quota's short slices pays more CPU for the same work: caches the others filled)
-        fitted = expert_s * w.expert_calls + row_s * w.rows
-        scale = min(MAX_SCALE, max(MIN_SCALE, w.compute_cpu_s / fitted)) if fitted > 0 else 1.0
+        modelled = expert_s * w.expert_calls + row_s * w.rows
+        scale = min(MAX_SCALE, max(MIN_SCALE, w.compute_cpu_s / modelled)) if modelled > 0 else 1.0
         servers[sid] = ServerCost((outside - rows_cpu) / w.requests, expert_s * scale,
                                   row_s * scale + (rows_cpu / w.rows if w.rows else per_row))
-    return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers
+    return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers, (per_row, fitted)
 
 
 # ---- step time of a placement -------------------------------------------------------------------

@@ -237,6 +237,10 @@ class ControlPlane:
         # the earlier windows, without the current one (the last kept may be it)
         history = {sid: [h for h in kept if h != work.get(sid)] for sid, kept in self.history.windows().items()}
         costs = calibrate(work, self.shape, len(self.moe_layers), history=history)
+        if costs.cpu_servers:
+            log.info("cost model: a call's CPU outside the kernel %s + %.1f us a row (%s)",
+                     ", ".join(f"{sid} {1e3 * c.call_s:.2f} ms" for sid, c in sorted(costs.cpu_servers.items())), 1e6 * costs.call_row_s,
+                     "fitted over the servers' windows" if costs.call_row_fitted else "the prior: the rows per call did not vary")
         return CostInputs(costs, self.shape, top_k, self.seconds_per_copy)
 
     def balancedness(self) -> float:

@@ -316,6 +316,7 @@ def test_the_per_row_call_cpu_falls_back_to_the_prior_when_the_rows_per_call_do_
     assert call_row_cpu({s: [*history[s], now[s]] for s in now}, prior=7e-6) == (7e-6, False)
     priors = CostPriors(call_row_s=10e-6)
     costs = calibrate(now, SHAPE, num_layers=1, priors=priors, history=history)
+    assert (costs.call_row_s, costs.call_row_fitted) == (10e-6, False)
     w = now["s0"]
     outside = w.cpu_s - w.compute_cpu_s
     assert costs.cpu("s0").call_s == pytest.approx((outside - 10e-6 * w.rows) / w.requests)

@@ -153,6 +153,7 @@ def test_the_plane_keeps_earlier_windows_so_the_calls_cpu_per_row_is_fitted():
         costs = plane.cost_inputs(plane.board.current).costs
         assert costs.cpu("expert-0").call_s == pytest.approx(1e-3, rel=1e-3)
         assert call_row_cpu(plane.history.windows(), prior=0.0) == pytest.approx((20e-6, True), rel=1e-3)
+        assert costs.call_row_fitted and costs.call_row_s == pytest.approx(20e-6, rel=1e-3)
         # a server registering again is another process: its earlier windows are dropped
         plane.history.forget("expert-0")
         assert "expert-0" not in plane.history.windows()
