@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, apply_rope_signed, linear, rms_norm, rope_for_step
+from moemesh.models.layers import RotaryTable, linear, norm_rope, rope_for_step
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,10 @@ def attention(
     heads = qkv.view(t, nh + 2 * kvh, d)  # [T, NH+2KVH, D]
     qk = heads[:, : nh + kvh]  # [T, NH+KVH, D]: queries and keys rotate together
     v = heads[:, nh + kvh :]  # [T, KVH, D]
-    if w.qk_norm is not None:
-        qk = rms_norm(qk, w.qk_norm, w.norm_eps)
-    elif w.q_norm is not None or w.k_norm is not None:
+    if w.qk_norm is None and (w.q_norm is not None or w.k_norm is not None):
         raise ValueError("q_norm and k_norm must be given together")
     cos, sin_signed = rope_cs if rope_cs is not None else rope_for_step(rope, meta.positions, x.dtype)
-    qk = apply_rope_signed(qk, cos, sin_signed)
+    qk = norm_rope(qk, w.qk_norm, w.norm_eps, cos, sin_signed)  # per-head norm (if any), then rope
     q, k = qk[:, :nh], qk[:, nh:]  # [T, NH, D], [T, KVH, D]
     out = paged_attention(q, k, v, meta, k_cache, v_cache)  # [T, NH, D]
     return linear(out.reshape(t, nh * d), w.o)  # [T, H]
