@@ -1,5 +1,6 @@
 """The decode step's small operations on the compiled CPU kernels (kernels/cpu/csrc/step_ops.cpp):
-RMSNorm (after the residual add), the per-head q/k RMSNorm with rope, the softmax top-k routing plan.
+RMSNorm (after the residual add), the per-head q/k RMSNorm with rope, decode attention over the paged
+KV cache, the softmax top-k routing plan.
 
 Each is one compiled call where the torch code it replaces dispatches several ops; the numbers agree
 with that code to float rounding (same rounding points, float32 sums in another order). Each returns
@@ -71,6 +72,24 @@ def qk_norm_rope(heads: Tensor, weight: Tensor, eps: float, cos: Tensor, sin_sig
     ):
         return None
     return ext.qk_norm_rope(heads, weight, cos, sin_signed, eps)
+
+
+def decode_attention(
+    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, tables: Tensor, mask: Tensor,
+) -> Tensor | None:
+    """One query token per sequence: q [B, NH, D], k / v [B, KVH, D] (unit stride along D) -> [B, NH, D]
+    contiguous; writes k / v into k_cache / v_cache [blocks, BS, KVH, D] at slots [B] first, then
+    attends over each sequence's blocks tables [B, NB] where mask [B, NB*BS] is true (scale D^-0.5),
+    as moemesh.models.attention.paged_attention's decode rows (SDPA) compute it. None where it does
+    not run."""
+    ext = _ext_for(q)
+    if (
+        ext is None or k.dtype != q.dtype or v.dtype != q.dtype or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype
+        or not k_cache.is_contiguous() or not v_cache.is_contiguous() or q.stride(-1) != 1 or k.stride(-1) != 1
+        or v.stride(-1) != 1 or k_cache.device.type != "cpu" or v_cache.device.type != "cpu"
+    ):
+        return None
+    return ext.decode_attention(q, k, v, k_cache, v_cache, slots, tables, mask)
 
 
 def route_topk(router_logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:

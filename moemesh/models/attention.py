@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels.cpu import step_ops
 from moemesh.models.batch import BatchMeta
 from moemesh.models.layers import RotaryTable, linear, norm_rope, rope_for_step
 
@@ -73,6 +74,10 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
     into the cache first (scale D^-0.5, causal, meta.sliding_window when set)."""
     t, nh, d = q.shape
     kvh = k.shape[1]
+    if meta.num_decode == t and t and not meta.chunks:  # decode rows only: one compiled call where it runs
+        out = step_ops.decode_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+        if out is not None:
+            return out
     k_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, v)
 

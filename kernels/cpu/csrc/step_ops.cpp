@@ -51,6 +51,19 @@ float inv_rms(const T* x, int64_t d, float eps) {
   return 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
 }
 
+// sum_i a[i] * b[i] in float32, in LANES partial sums (so that it vectorizes)
+template <typename T>
+float dot(const float* a, const T* b, int64_t d) {
+  float part[LANES] = {0};
+  int64_t i = 0;
+  for (; i + LANES <= d; i += LANES)
+    for (int l = 0; l < LANES; ++l) part[l] += a[i + l] * to_float(b[i + l]);
+  for (; i < d; ++i) part[0] += a[i] * to_float(b[i]);
+  float s = 0.f;
+  for (int l = 0; l < LANES; ++l) s += part[l];
+  return s;
+}
+
 // out[i] = round(round(x[i] * r) * w[i]) : F.rms_norm without a weight, then the weight multiply in T
 template <typename T>
 void norm_row(const T* x, const T* w, int64_t d, float eps, T* out) {
@@ -262,6 +275,97 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route_topk(const at::
   return {token_idx, weights, expert_ids, counts};
 }
 
+// One decode step's attention over the paged KV cache, for B sequences of one query token each (the
+// decode rows of moemesh/models/attention.paged_attention):
+//   q [B, NH, D], k / v [B, KVH, D] this step's keys and values (unit stride along D), written first
+//   into k_cache / v_cache [NBLK, BS, KVH, D] (contiguous) at slots [B] (flat block * BS + offset);
+//   tables [B, NB] each sequence's blocks, mask [B, NB*BS] bool (true = attend) -> [B, NH, D].
+// Query head h reads key/value head h / (NH / KVH). Scores in float32 scaled by D^-0.5, softmax over
+// the attended positions, the probabilities rounded to the dtype before they weight V (as torch's
+// CPU flash-attention kernel, which SDPA runs here, rounds them), divided by their float32 sum.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& tables,
+                            const at::Tensor& mask) {
+  const auto dt = q.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "q: expected float32 or bfloat16, got ", dt);
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v: expected [B, heads, D]");
+  const int64_t b_n = q.size(0), nh = q.size(1), d = q.size(2), kvh = k.size(1);
+  TORCH_CHECK(k.size(0) == b_n && v.size(0) == b_n && v.size(1) == kvh && k.size(2) == d && v.size(2) == d && kvh > 0 &&
+                  nh % kvh == 0,
+              "k, v: expected [", b_n, ", KVH, ", d, "] with KVH dividing ", nh, ", got ", k.sizes(), " and ", v.sizes());
+  for (const at::Tensor* t : {&q, &k, &v})
+    TORCH_CHECK(t->scalar_type() == dt && t->stride(2) == 1 && t->device().is_cpu(), "q, k, v: one dtype, unit stride along D");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(2) == kvh && k_cache.size(3) == d && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.is_contiguous() && k_cache.scalar_type() == dt &&
+                  v_cache.scalar_type() == dt,
+              "k_cache, v_cache: expected contiguous [blocks, block size, ", kvh, ", ", d, "] of ", dt);
+  const int64_t nblk = k_cache.size(0), bs = k_cache.size(1);
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == b_n && slots.is_contiguous(),
+              "slots: expected [", b_n, "] int64");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.dim() == 2 && tables.size(0) == b_n && tables.is_contiguous(),
+              "tables: expected [", b_n, ", NB] int64");
+  const int64_t nb = tables.size(1), s_n = nb * bs;
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == b_n && mask.size(1) == s_n &&
+                  mask.is_contiguous(),
+              "mask: expected [", b_n, ", ", s_n, "] bool");
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  const int64_t* tb = tables.data_ptr<int64_t>();
+  for (int64_t i = 0; i < b_n; ++i) TORCH_CHECK(sl[i] >= 0 && sl[i] < nblk * bs, "slots: ", sl[i], " out of range");
+  for (int64_t i = 0; i < b_n * nb; ++i) TORCH_CHECK(tb[i] >= 0 && tb[i] < nblk, "tables: block ", tb[i], " out of range");
+  at::Tensor out = at::empty({b_n, nh, d}, q.options());
+  const bool* mp = mask.data_ptr<bool>();
+  const int64_t group = nh / kvh, row = kvh * d;  // cache elements per position
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dt, "decode_attention", [&] {
+    scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < b_n; ++i)
+      for (int64_t h = 0; h < kvh; ++h) {
+        const scalar_t* ks = k.data_ptr<scalar_t>() + i * k.stride(0) + h * k.stride(1);
+        const scalar_t* vs = v.data_ptr<scalar_t>() + i * v.stride(0) + h * v.stride(1);
+        std::copy(ks, ks + d, kc + sl[i] * row + h * d);
+        std::copy(vs, vs + d, vc + sl[i] * row + h * d);
+      }
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t items = b_n * kvh, work = s_n * d * group;
+    const int64_t grain = work * items < (1 << 16) ? items : 1;  // small steps on one thread
+    at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
+      std::vector<float> sc(s_n), qf(d), acc(d);
+      std::vector<int64_t> pos;  // attended positions, as cache element offsets of head h
+      for (int64_t it = i0; it < i1; ++it) {
+        const int64_t i = it / kvh, h = it % kvh;
+        pos.clear();
+        for (int64_t j = 0; j < s_n; ++j)
+          if (mp[i * s_n + j]) pos.push_back((tb[i * nb + j / bs] * bs + j % bs) * row + h * d);
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t qh = h * group + g;
+          const scalar_t* qr = qp + i * q.stride(0) + qh * q.stride(1);
+          for (int64_t e = 0; e < d; ++e) qf[e] = to_float(qr[e]);
+          float m = -INFINITY;
+          for (size_t j = 0; j < pos.size(); ++j) {
+            const scalar_t* kr = kc + pos[j];
+            sc[j] = dot(qf.data(), kr, d) * scale;
+            m = std::max(m, sc[j]);
+          }
+          float sum = 0.f;
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (size_t j = 0; j < pos.size(); ++j) {
+            const float e = std::exp(sc[j] - m);
+            sum += e;
+            const float p = round_to<scalar_t>(e);
+            const scalar_t* vr = vc + pos[j];
+            for (int64_t c = 0; c < d; ++c) acc[c] += p * to_float(vr[c]);
+          }
+          scalar_t* o = op + (i * nh + qh) * d;
+          for (int64_t c = 0; c < d; ++c) o[c] = from_float<scalar_t>(pos.empty() ? 0.f : acc[c] / sum);
+        }
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 // the GIL is released while they run, as for the expert kernels
@@ -271,6 +375,9 @@ void bind_step_ops(pybind11::module_& m) {
   m.def("add_rms_norm", &add_rms_norm, "x, residual [T, D] -> (x + residual, RMSNorm(x + residual) * weight)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("qk_norm_rope", &qk_norm_rope, "heads [T, R, D] -> per-row RMSNorm * weight [R, D], then rope with cos, sin_signed [T, D]",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("decode_attention", &decode_attention,
+        "q [B, NH, D], k, v [B, KVH, D] -> [B, NH, D]: this step's keys and values written into the paged cache, then attention over it",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("route_topk", &route_topk, "router_logits [T, E] -> softmax top-k dropless plan (token_idx, weights, expert_ids, counts)",
         pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -1,5 +1,6 @@
 """The decode step's compiled small ops (kernels.cpu.step_ops) against the torch code they replace:
-RMSNorm, residual add + RMSNorm, per-head q/k RMSNorm + rope, softmax top-k routing plan."""
+RMSNorm, residual add + RMSNorm, per-head q/k RMSNorm + rope, decode attention over the paged KV
+cache, softmax top-k routing plan."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +9,8 @@ from kernels import ExpertWeights
 from kernels.cpu import step_ops
 from kernels.cpu.moe_mlp_cpu import kernel_weights
 from kernels.cpu.variant import VARIANT_ENV, available_variants
+from moemesh.models.attention import paged_attention
+from moemesh.models.batch import BatchMeta, SeqSlice
 from moemesh.models.layers import add_rms_norm, apply_rope_signed, norm_rope, rms_norm
 from moemesh.moe.dispatch import make_plan, route
 from moemesh.moe.gate import softmax_topk
@@ -140,3 +143,45 @@ def test_kernel_weights_are_made_once_per_weights_and_again_when_a_field_is_repl
     assert again is not first and again[6] is w.down  # (gate_up: ints, data, scale, scale2), bias, (down: ints, data, ...)
     w.down = torch.randn(4, 64, 16).half()  # a dtype the kernels do not read
     assert isinstance(kernel_weights(w), str) and "down" in kernel_weights(w)
+
+
+def sdpa_decode(q, k, v, meta, k_cache, v_cache):
+    """paged_attention's decode rows on torch ops (SDPA), for the compiled call to match."""
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv(VARIANT_ENV, "torch")
+    try:
+        return paged_attention(q, k, v, meta, k_cache, v_cache)
+    finally:
+        monkey.undo()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_attention_matches_sdpa_and_writes_the_cache(dtype, window):
+    g = torch.Generator().manual_seed(3)
+    nh, kvh, d, bs = 8, 2, 64, 4
+    # decodes at several lengths (one within a block, one over many blocks), tables of unequal length
+    slices = [SeqSlice([5], 9, [0, 1, 2]), SeqSlice([7], 1, [3]), SeqSlice([1], 37, list(range(4, 14)))]
+    meta = BatchMeta.build(slices, bs, window)
+    heads = torch.randn(3, nh + 2 * kvh, d, generator=g).to(dtype)  # as the qkv projection lays them out
+    q, k, v = heads[:, :nh], heads[:, nh : nh + kvh], heads[:, nh + kvh :]
+    caches = [torch.randn(16, bs, kvh, d, generator=g).to(dtype) for _ in range(2)]
+    want_caches = [c.clone() for c in caches]
+    want = sdpa_decode(q, k, v, meta, *want_caches)
+    got = step_ops.decode_attention(q, k, v, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+    assert got is not None
+    assert torch.equal(caches[0], want_caches[0]) and torch.equal(caches[1], want_caches[1])
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        assert (got != want).sum().item() <= 0.05 * want.numel()  # mostly the same bfloat16 values
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(paged_attention(q, k, v, meta, *[c.clone() for c in want_caches]), got, rtol=0, atol=0)
+
+
+def test_decode_attention_leaves_chunks_to_torch():
+    meta = BatchMeta.build([SeqSlice([5], 9, [0, 1, 2]), SeqSlice([1, 2, 3], 0, [3])], 4)
+    q, k, v = torch.randn(4, 4, 16), torch.randn(4, 2, 16), torch.randn(4, 2, 16)
+    caches = [torch.randn(8, 4, 2, 16) for _ in range(2)]
+    want_caches = [c.clone() for c in caches]
+    torch.testing.assert_close(paged_attention(q, k, v, meta, *caches), sdpa_decode(q, k, v, meta, *want_caches))
