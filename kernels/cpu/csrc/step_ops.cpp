@@ -20,6 +20,12 @@
 #include <utility>
 #include <vector>
 
+#include "api.h"
+
+#ifdef MOEMESH_X86_KERNELS
+#define MOEMESH_STEP_OPS_CLONES 1
+#endif
+
 namespace moemesh_cpu {
 namespace {
 
@@ -49,19 +55,6 @@ float inv_rms(const T* x, int64_t d, float eps) {
   float ss = 0.f;
   for (int l = 0; l < LANES; ++l) ss += part[l];
   return 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
-}
-
-// sum_i a[i] * b[i] in float32, in LANES partial sums (so that it vectorizes)
-template <typename T>
-float dot(const float* a, const T* b, int64_t d) {
-  float part[LANES] = {0};
-  int64_t i = 0;
-  for (; i + LANES <= d; i += LANES)
-    for (int l = 0; l < LANES; ++l) part[l] += a[i + l] * to_float(b[i + l]);
-  for (; i < d; ++i) part[0] += a[i] * to_float(b[i]);
-  float s = 0.f;
-  for (int l = 0; l < LANES; ++l) s += part[l];
-  return s;
 }
 
 // out[i] = round(round(x[i] * r) * w[i]) : F.rms_norm without a weight, then the weight multiply in T
@@ -275,7 +268,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route_topk(const at::
   return {token_idx, weights, expert_ids, counts};
 }
 
-// One decode step's attention over the paged KV cache, for B sequences of one query token each (the
+// The decode attention's inner loops on float32 rows, compiled for AVX-512, AVX2 and the x86-64
+// baseline and chosen at load time by the CPU (GCC function multi-versioning).
+#ifdef MOEMESH_STEP_OPS_CLONES
+#define STEP_OPS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define STEP_OPS_CLONES
+#endif
+
+// out[g * ld] = scale * sum_e q[g * d + e] * k[e] for g < group (in LANES partial sums)
+STEP_OPS_CLONES void dots(const float* q, int64_t group, const float* k, int64_t d, float scale, float* out, int64_t ld) {
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = q + g * d;
+    float part[LANES] = {0};
+    int64_t e = 0;
+    for (; e + LANES <= d; e += LANES)
+      for (int l = 0; l < LANES; ++l) part[l] += qg[e + l] * k[e + l];
+    for (; e < d; ++e) part[0] += qg[e] * k[e];
+    float s = 0.f;
+    for (int l = 0; l < LANES; ++l) s += part[l];
+    out[g * ld] = s * scale;
+  }
+}
+
+// acc[g * d + e] += p[g * ld] * v[e] for g < group, e < d
+STEP_OPS_CLONES void axpys(const float* p, int64_t ld, int64_t group, const float* v, int64_t d, float* acc) {
+  for (int64_t g = 0; g < group; ++g) {
+    const float pg = p[g * ld];
+    float* a = acc + g * d;
+    for (int64_t e = 0; e < d; ++e) a[e] += pg * v[e];
+  }
+}
+
+// One decode step's attention over the paged KV cache// One decode step's attention over the paged KV cache, for B sequences of one query token each (the
 // decode rows of moemesh/models/attention.paged_attention):
 //   q [B, NH, D], k / v [B, KVH, D] this step's keys and values (unit stride along D), written first
 //   into k_cache / v_cache [NBLK, BS, KVH, D] (contiguous) at slots [B] (flat block * BS + offset);
@@ -331,34 +356,45 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     const int64_t items = b_n * kvh, work = s_n * d * group;
     const int64_t grain = work * items < (1 << 16) ? items : 1;  // small steps on one thread
     at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
-      std::vector<float> sc(s_n), qf(d), acc(d);
+      // per work item (sequence i, key/value head h): its `group` query heads side by side, so that each
+      // cached key and value row is read and converted once for all of them
+      std::vector<float> sc(group * s_n), qf(group * d), acc(group * d), row_f(d), m(group), sum(group);
       std::vector<int64_t> pos;  // attended positions, as cache element offsets of head h
       for (int64_t it = i0; it < i1; ++it) {
         const int64_t i = it / kvh, h = it % kvh;
         pos.clear();
         for (int64_t j = 0; j < s_n; ++j)
           if (mp[i * s_n + j]) pos.push_back((tb[i * nb + j / bs] * bs + j % bs) * row + h * d);
+        const int64_t n = static_cast<int64_t>(pos.size());
         for (int64_t g = 0; g < group; ++g) {
-          const int64_t qh = h * group + g;
-          const scalar_t* qr = qp + i * q.stride(0) + qh * q.stride(1);
-          for (int64_t e = 0; e < d; ++e) qf[e] = to_float(qr[e]);
-          float m = -INFINITY;
-          for (size_t j = 0; j < pos.size(); ++j) {
-            const scalar_t* kr = kc + pos[j];
-            sc[j] = dot(qf.data(), kr, d) * scale;
-            m = std::max(m, sc[j]);
+          const scalar_t* qr = qp + i * q.stride(0) + (h * group + g) * q.stride(1);
+          for (int64_t e = 0; e < d; ++e) qf[g * d + e] = to_float(qr[e]);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const scalar_t* kr = kc + pos[j];
+          for (int64_t e = 0; e < d; ++e) row_f[e] = to_float(kr[e]);
+          dots(qf.data(), group, row_f.data(), d, scale, sc.data() + j, s_n);
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[g * s_n + j]);
+          float total = 0.f;
+          for (int64_t j = 0; j < n; ++j) {
+            const float e = std::exp(sc[g * s_n + j] - mx);
+            total += e;
+            sc[g * s_n + j] = round_to<scalar_t>(e);  // the probability as it weights V
           }
-          float sum = 0.f;
-          std::fill(acc.begin(), acc.end(), 0.f);
-          for (size_t j = 0; j < pos.size(); ++j) {
-            const float e = std::exp(sc[j] - m);
-            sum += e;
-            const float p = round_to<scalar_t>(e);
-            const scalar_t* vr = vc + pos[j];
-            for (int64_t c = 0; c < d; ++c) acc[c] += p * to_float(vr[c]);
-          }
-          scalar_t* o = op + (i * nh + qh) * d;
-          for (int64_t c = 0; c < d; ++c) o[c] = from_float<scalar_t>(pos.empty() ? 0.f : acc[c] / sum);
+          sum[g] = total;
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < n; ++j) {
+          const scalar_t* vr = vc + pos[j];
+          for (int64_t e = 0; e < d; ++e) row_f[e] = to_float(vr[e]);
+          axpys(sc.data() + j, s_n, group, row_f.data(), d, acc.data());
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          scalar_t* o = op + (i * nh + h * group + g) * d;
+          for (int64_t c = 0; c < d; ++c) o[c] = from_float<scalar_t>(n == 0 ? 0.f : acc[g * d + c] / sum[g]);
         }
       }
     });
