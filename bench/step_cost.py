@@ -5,8 +5,9 @@
 
 --concurrent greedy requests decode together; after a few warm-up steps it prints, per decode step:
 the Python function calls (cProfile, counted over 3 steps), the torch operations dispatched
-(`TorchDispatchMode`, every aten call including views, over 2 steps), and the wall and thread-CPU
-milliseconds (median and fastest of --steps steps, no profiler attached). The two counts do not
+(`TorchDispatchMode`, every aten call including views, over 2 steps), the wall and thread-CPU
+milliseconds (median and fastest of --steps steps, no profiler attached), and over --steps more steps
+the milliseconds inside the expert kernels and dense matmuls and outside them (the step's fixed work). The two counts do not
 depend on the machine's load, so they compare commits on a shared machine where the timings cannot;
 --top N also lists the N most frequent of each.
 """
@@ -61,6 +62,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ns
 
 
+def outside_the_gemms(engine, steps: int) -> tuple[float, float, float]:
+    """Runs `steps` decode steps timing the calls into the routed experts (`kernels.moe_mlp.run_compiled`,
+    the compiled kernels' call) and the dense matmuls (`moemesh.models.layers.linear`, wherever a
+    loaded module holds it): (median ms per step inside them, median ms per step outside them, least ms
+    outside). "Outside" is the step's fixed CPU work: norms, rope, attention core, routing, Python."""
+    from moemesh.models import layers
+
+    moe_module = sys.modules["kernels.moe_mlp"]
+    inside = [0.0]
+
+    def timed(fn):
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside[0] += time.perf_counter() - t
+        return call
+
+    linear, run_compiled = layers.linear, moe_module.run_compiled
+    holders = [m for m in list(sys.modules.values()) if getattr(m, "linear", None) is linear]
+    for m in holders:
+        m.linear = timed(linear)
+    moe_module.run_compiled = timed(run_compiled)
+    ins, outs = [], []
+    try:
+        for _ in range(steps):
+            inside[0] = 0.0
+            t = time.perf_counter()
+            engine.step()
+            total = time.perf_counter() - t
+            ins.append(inside[0])
+            outs.append(total - inside[0])
+    finally:
+        for m in holders:
+            m.linear = linear
+        moe_module.run_compiled = run_compiled
+    ins.sort()
+    outs.sort()
+    return 1000 * ins[len(ins) // 2], 1000 * outs[len(outs) // 2], 1000 * outs[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     from moemesh.engine import LLMEngine
     from moemesh.engine.config import EngineConfig
@@ -70,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     model = ns.model or str(checkpoint_dir(ns.shape, progress=lambda msg: print(msg, file=sys.stderr)))
     torch.set_num_threads(ns.threads)
     engine = LLMEngine(EngineConfig(model_dir=model, dtype=ns.dtype, num_threads=ns.threads))
-    total = WARMUP_STEPS + PROFILED_STEPS + COUNTED_STEPS + ns.steps
+    total = WARMUP_STEPS + PROFILED_STEPS + COUNTED_STEPS + 2 * ns.steps
     params = SamplingParams(max_new_tokens=total + 1, temperature=0.0, ignore_eos=True)
     for i in range(ns.concurrent):  # short distinct prompts: one prefill step, then decode steps only
         engine.add_request(f"r{i}", [1 + i, 20 + i, 300 + i, 4000 + i, 55, 66], params)
@@ -97,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         cpu.append(time.thread_time() - c)
     wall.sort()
     cpu.sort()
+    split = outside_the_gemms(engine, ns.steps)
 
     print(f"{model}: {ns.dtype}, {ns.concurrent} decoding, {ns.threads} thread(s)")
     print(f"per decode step: {sum(calls.values()):.0f} Python calls, {sum(ops.counts.values()) / COUNTED_STEPS:.0f} torch ops; "
           f"wall ms median {1000 * wall[len(wall) // 2]:.2f} (fastest {1000 * wall[0]:.2f}), "
           f"thread CPU ms median {1000 * cpu[len(cpu) // 2]:.2f} (fastest {1000 * cpu[0]:.2f}) over {ns.steps} steps")
+    print(f"in the expert kernels and dense linears ms median {split[0]:.2f}; outside them ms median {split[1]:.2f} "
+          f"(least {split[2]:.2f}) over {ns.steps} more steps")
     if ns.top:
         print("most frequent Python calls per step:")
         for name, n in sorted(calls.items(), key=lambda kv: -kv[1])[: ns.top]:

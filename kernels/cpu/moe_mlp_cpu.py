@@ -49,19 +49,48 @@ def projection_args(t) -> tuple | None:
     return [FMT_F32 if t.dtype == torch.float32 else FMT_BF16, t.shape[2], 1, 1, 1, 1], t, _EMPTY, _EMPTY
 
 
+def kernel_weights(w: ExpertWeights) -> tuple | str:
+    """w as the kernels take it: (gate_up's projection_args, gate_up bias, down's projection_args, down
+    bias, activation code, I), or why they cannot read it. Made once per weights object and kept on it
+    (made again where one of its fields has been replaced since), so a decode step's call builds no
+    arguments: the tuple holds views of w's tensors, never a copy."""
+    held = w.__dict__.get(_HELD)
+    if held is not None:
+        gate_up, down, gate_up_bias, down_bias, activation = held[0]
+        if (
+            gate_up is w.gate_up and down is w.down and gate_up_bias is w.gate_up_bias and down_bias is w.down_bias
+            and activation is w.activation
+        ):
+            return held[1]
+    made = _kernel_weights(w)
+    w.__dict__[_HELD] = ((w.gate_up, w.down, w.gate_up_bias, w.down_bias, w.activation), made)
+    return made
+
+
+_HELD = "_cpu_kernel_weights"  # the attribute of an ExpertWeights that keeps `kernel_weights`
+
+
+def _kernel_weights(w: ExpertWeights) -> tuple | str:
+    args = []
+    for name in ("gate_up", "down"):
+        t = getattr(w, name)
+        if t.device.type != "cpu":
+            return f"{name} is not on the CPU"
+        proj = projection_args(t)
+        if proj is None:
+            return f"{name}: {type(t).__name__} {getattr(t, 'dtype', '')} is not read by the kernels"
+        args.append(proj)
+    return (*args[0], _bias(w.gate_up_bias), *args[1], _bias(w.down_bias), ACT_CODES[w.activation], w.intermediate_size)
+
+
 def unsupported(x: Tensor, w: ExpertWeights) -> str | None:
     """Why the compiled kernels cannot run this call, or None when they can."""
     if x.device.type != "cpu":
         return "x is not on the CPU"
     if x.dtype not in COMPUTE_DTYPES:
         return f"x dtype {x.dtype} (the kernels compute from float32 or bfloat16)"
-    for name in ("gate_up", "down"):
-        t = getattr(w, name)
-        if t.device.type != "cpu":
-            return f"{name} is not on the CPU"
-        if projection_args(t) is None:
-            return f"{name}: {type(t).__name__} {getattr(t, 'dtype', '')} is not read by the kernels"
-    return None
+    held = kernel_weights(w)
+    return held if isinstance(held, str) else None
 
 
 def compiled_runs(x: Tensor, counts: Tensor, w: ExpertWeights) -> bool:
@@ -113,19 +142,13 @@ def run_compiled(
 ) -> Tensor:
     """`moe_mlp_cpu` on a variant already chosen, for a call `unsupported` passed (the extension
     still checks the indices and counts)."""
-    gu = projection_args(w.gate_up)
-    dn = projection_args(w.down)
     out = extension().moe_mlp(
         _as(x, x.dtype), _as(token_idx, torch.long), _as(row_weight, torch.float32),
-        _as(expert_idx, torch.long), _as(counts, torch.long),
-        *gu, _bias(w.gate_up_bias), *dn, _bias(w.down_bias),
-        ACT_CODES[w.activation], w.intermediate_size, variant,
+        _as(expert_idx, torch.long), _as(counts, torch.long), *kernel_weights(w), variant,
     )  # [T, H] float32
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
     """t as a contiguous tensor of dtype, converted only where it is not one already."""
-    if t.dtype != dtype:
-        t = t.to(dtype)
-    return t if t.is_contiguous() else t.contiguous()
+    return t if t.dtype == dtype and t.is_contiguous() else t.to(dtype).contiguous()

@@ -2,6 +2,7 @@
 MOEMESH_CPU_KERNEL (avx512 | avx2 | torch; unset or "auto": the best)."""
 from __future__ import annotations
 
+import functools
 import os
 
 from kernels.cpu.build import extension
@@ -13,8 +14,14 @@ CHOICES = ("auto", "torch") + VARIANTS
 
 def available_variants() -> list[str]:
     """Variants this CPU and build run, best first (empty where the extension is absent)."""
+    return list(_variants())
+
+
+@functools.cache
+def _variants() -> tuple[str, ...]:
+    """available_variants, asked of the extension once per process (the CPU and build do not change)."""
     ext = extension()
-    return list(ext.variants()) if ext is not None else []
+    return tuple(ext.variants()) if ext is not None else ()
 
 
 def selected_variant(requested: str | None = None) -> str | None:
@@ -25,9 +32,9 @@ def selected_variant(requested: str | None = None) -> str | None:
         raise ValueError(f"{VARIANT_ENV}: expected one of {CHOICES}, got {name!r}")
     if name == "torch":
         return None
-    found = available_variants()
+    found = _variants()
     if name == "auto":
         return found[0] if found else None
     if name not in found:
-        raise ValueError(f"{VARIANT_ENV}: variant {name!r} is not available here (available: {found or 'none'})")
+        raise ValueError(f"{VARIANT_ENV}: variant {name!r} is not available here (available: {list(found) or 'none'})")
     return name

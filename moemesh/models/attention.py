@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels.cpu import step_ops
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, apply_rope_signed, linear, rms_norm, rope_for_step
+from moemesh.models.layers import RotaryTable, linear, norm_rope, rope_for_step
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,10 @@ def attention(
     heads = qkv.view(t, nh + 2 * kvh, d)  # [T, NH+2KVH, D]
     qk = heads[:, : nh + kvh]  # [T, NH+KVH, D]: queries and keys rotate together
     v = heads[:, nh + kvh :]  # [T, KVH, D]
-    if w.qk_norm is not None:
-        qk = rms_norm(qk, w.qk_norm, w.norm_eps)
-    elif w.q_norm is not None or w.k_norm is not None:
+    if w.qk_norm is None and (w.q_norm is not None or w.k_norm is not None):
         raise ValueError("q_norm and k_norm must be given together")
     cos, sin_signed = rope_cs if rope_cs is not None else rope_for_step(rope, meta.positions, x.dtype)
-    qk = apply_rope_signed(qk, cos, sin_signed)
+    qk = norm_rope(qk, w.qk_norm, w.norm_eps, cos, sin_signed)  # per-head norm (if any), then rope
     q, k = qk[:, :nh], qk[:, nh:]  # [T, NH, D], [T, KVH, D]
     out = paged_attention(q, k, v, meta, k_cache, v_cache)  # [T, NH, D]
     return linear(out.reshape(t, nh * d), w.o)  # [T, H]
@@ -75,6 +74,10 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, meta: BatchMeta, k_cache: T
     into the cache first (scale D^-0.5, causal, meta.sliding_window when set)."""
     t, nh, d = q.shape
     kvh = k.shape[1]
+    if meta.num_decode == t and t and not meta.chunks:  # decode rows only: one compiled call where it runs
+        out = step_ops.decode_attention(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+        if out is not None:
+            return out
     k_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, k)
     v_cache.view(-1, kvh, d).index_copy_(0, meta.slot_mapping, v)
 

@@ -21,11 +21,10 @@ from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
 from moemesh.models.layers import (
-    RotaryTable, linear, matmul_layout, packed_for_linear, rms_norm, rope_for_step, silu_mlp,
+    RotaryTable, add_rms_norm, linear, matmul_layout, packed_for_linear, rms_norm, rope_for_step, silu_mlp,
 )
-from moemesh.moe.dispatch import make_plan
+from moemesh.moe.dispatch import route
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
-from moemesh.moe.gate import softmax_topk
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
@@ -144,24 +143,28 @@ class MoeDecoderLM:
         """Yields once per MoE layer (after submitting to the experts); returns logits [R, V] float32
         for the rows meta.logits_idx."""
         cfg = self.cfg
+        eps = cfg.rms_norm_eps
         x = self.embed[meta.input_ids]  # [T, H]
         rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # shared by every layer
+        mlp_out = None  # [T, H] the previous layer's MLP output, added to x together with the next norm
         for idx, lyr in enumerate(self.layers):
-            h = rms_norm(x, lyr.input_norm, cfg.rms_norm_eps)
+            if mlp_out is None:
+                h = rms_norm(x, lyr.input_norm, eps)
+            else:
+                x, h = add_rms_norm(x, mlp_out, lyr.input_norm, eps)
             k_cache, v_cache = kv_caches[idx]
-            x = x + attention(h, lyr.attn, meta, self.rope, k_cache, v_cache, rope_cs)
-            h = rms_norm(x, lyr.post_norm, cfg.rms_norm_eps)  # [T, H]
+            x, h = add_rms_norm(x, attention(h, lyr.attn, meta, self.rope, k_cache, v_cache, rope_cs), lyr.post_norm, eps)
             if lyr.router is None:
-                x = x + silu_mlp(h, lyr.mlp_gate_up, lyr.mlp_down)
+                mlp_out = silu_mlp(h, lyr.mlp_gate_up, lyr.mlp_down)
                 continue
             lk = knobs.for_layer(idx)
-            top_k = lk.top_k or cfg.top_k
-            routing = softmax_topk(linear(h, lyr.router), top_k, cfg.norm_topk_prob)  # [T, K]
-            plan = make_plan(routing, cfg.num_experts, lk.capacity_factor)
+            plan = route(linear(h, lyr.router), lk.top_k or cfg.top_k, cfg.norm_topk_prob, cfg.num_experts, lk.capacity_factor)
             submitted = experts.submit(idx, h, plan)
             yield
-            x = x + expert_output(submitted)  # [T, H]
-        h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
+            mlp_out = expert_output(submitted)  # [T, H]
+        if mlp_out is not None:
+            x = x + mlp_out
+        h = rms_norm(x[meta.logits_idx], self.norm, eps)  # [R, H]
         return linear(h, self.lm_head).float()  # [R, V]
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:

@@ -10,16 +10,42 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels.cpu import step_ops
 from kernels.cpu.linear_cpu import holds_plain, linear_cpu_variant, run_linear
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x [..., D] -> [..., D]; normalizes in float32, scales in x.dtype (as transformers does).
-    weight [D], or any shape broadcasting against x (e.g. [heads, D] for per-head norms)."""
+    weight [D], or any shape broadcasting against x (e.g. [heads, D] for per-head norms).
+    One compiled call on the CPU where `kernels.cpu.step_ops` runs it (same rounding points)."""
+    out = step_ops.rms_norm(x, weight, eps)
+    if out is not None:
+        return out
     if x.dtype == torch.float32 and weight.dim() == 1:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     # F.rms_norm without a weight rounds the normalized value to x.dtype, as transformers does
     return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """x, residual [T, H] -> (x + residual, rms_norm(x + residual)) [T, H] each: the residual stream's
+    add and the next norm, in one compiled call on the CPU where `kernels.cpu.step_ops` runs it."""
+    both = step_ops.add_rms_norm(x, residual, weight, eps)
+    if both is not None:
+        return both
+    x = x + residual
+    return x, rms_norm(x, weight, eps)
+
+
+def norm_rope(heads: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """heads [T, NH, D] -> [T, NH, D]: the per-head RMSNorm (weight [NH, D] or [D]; None: no norm),
+    then `apply_rope_signed`; one compiled call on the CPU where `kernels.cpu.step_ops` runs it."""
+    if weight is not None:
+        out = step_ops.qk_norm_rope(heads, weight, eps, cos, sin_signed)
+        if out is not None:
+            return out
+        heads = rms_norm(heads, weight, eps)
+    return apply_rope_signed(heads, cos, sin_signed)
 
 
 @dataclass(frozen=True)

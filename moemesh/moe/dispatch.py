@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from moemesh.moe.gate import Routing
+from kernels.cpu import step_ops
+from moemesh.moe.gate import Routing, softmax_topk
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,18 @@ def make_plan(routing: Routing, num_experts: int, capacity_factor: float = 0.0) 
         capacity=capacity,
         dropped=dropped,
     )
+
+
+def route(router_logits: Tensor, top_k: int, normalize: bool, num_experts: int, capacity_factor: float = 0.0) -> DispatchPlan:
+    """router_logits [T, E] -> `make_plan(softmax_topk(router_logits, top_k, normalize), ...)`: one
+    compiled call on the CPU for a dropless plan (capacity_factor 0) with top_k < E where
+    `kernels.cpu.step_ops.route_topk` runs (the same plan, weights to float rounding)."""
+    if capacity_factor == 0 and 1 <= top_k < num_experts == router_logits.shape[-1] and router_logits.shape[0]:
+        made = step_ops.route_topk(router_logits, top_k, normalize)
+        if made is not None:
+            token_idx, weights, expert_ids, counts = made
+            return DispatchPlan(token_idx, weights, expert_ids, counts, capacity=None, dropped=0)
+    return make_plan(softmax_topk(router_logits, top_k, normalize), num_experts, capacity_factor)
 
 
 def all_experts_plan(routing: Routing, capacity: int | None) -> DispatchPlan:

@@ -303,6 +303,8 @@ std::vector<std::string> variants() {
 }
 
 }  // namespace
+
+void bind_step_ops(pybind11::module_& m);  // step_ops.cpp
 }  // namespace moemesh_cpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -313,4 +315,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("linear", &moemesh_cpu::linear, "x @ w.T for a dense float32/bfloat16 w, as float32",
         py::call_guard<py::gil_scoped_release>());
+  moemesh_cpu::bind_step_ops(m);
 }
