@@ -34,13 +34,21 @@ seconds are fitted as expert_s x experts + row_s x rows over all servers (least 
 towards the priors so that little traffic cannot set them alone); each server's costs are then
 scaled by its own measured / fitted compute time (a server on a smaller CPU budget is slower), and
 its call_s is its in-service seconds not spent computing, per call. CPU is not fitted where it is
-measured: the kernel's CPU seconds are fitted per expert computed and per row over the servers (the
-same work costs the same CPU on every server), and a server's CPU per call is all its process's
+measured: the kernel's CPU seconds are fitted per expert computed and per row over the servers and
+scaled by each server's measured / fitted (a quota's short slices make the same work cost a server
+more CPU: it runs on caches the other processes filled), and a server's CPU per call is all its process's
 CPU outside the kernel over its calls (decoding and encoding in the servicer, which it measures
 apart, and the gRPC threads and the event loop around them, which only the process's CPU holds;
 less the CPU of loading and dropping experts, which the server also measures apart),
 so a call's fixed CPU counts once per layer a server is called and spreading hot experts spreads
-calls too. Servers that report no kernel CPU are fitted as call_s x calls + expert_s x experts +
+calls too. That CPU outside the kernel also grows with the rows a call carries (decoding and
+encoding them, combining the experts' outputs): it is split as the server's own fixed CPU per call
+plus a per-row CPU shared by the servers (`call_row_cpu`), fitted from how each server's CPU per
+call changed with its rows per call over its earlier windows (`history`, kept by the control
+plane: windows at another top-k or under another placement); while the rows per call have not
+varied the data cannot split them and the prior per-row CPU stands (`CostPriors.call_row_s`, 0:
+all of it per call). The per-row part is priced with the kernel's per row, so a switch that
+changes the rows per call (a top-k change, a placement) changes the calls' CPU with them. Servers that report no kernel CPU are fitted as call_s x calls + expert_s x experts +
 row_s x rows over all servers, which cannot tell a call's cost from its rows' where the servers'
 calls and rows go together. Steps in the window: the most calls one server got over the number of MoE
 layers (a server holding warm experts is called at every layer of every step); the measured step
@@ -62,6 +70,7 @@ import torch
 
 from moemesh.contracts.placement import Placement
 
+ROWS_SPREAD = 0.1  # the relative spread of rows per call (within servers) below which the per-row call CPU keeps its prior
 MIN_SCALE, MAX_SCALE = 0.2, 5.0  # how far one server's measured speed may set it apart from the fit
 PRIOR_WEIGHT = 1e-3  # how strongly the fit is pulled towards the priors (relative to the data): decides only what the data leave open
 
@@ -112,6 +121,7 @@ class CostPriors:
     flops_s: float = 50e9  # expert MLP flops per second
     link_bytes_s: float = 2e9  # activations per second over the transport
     load_bytes_s: float = 1e9  # expert weights loaded per second during a switch
+    call_row_s: float = 0.0  # an expert server's CPU per row outside the kernel until its windows' rows per call vary (0: all per call)
 
     def server(self, shape: ExpertShape) -> ServerCost:
         return ServerCost(self.call_s, shape.expert_bytes / self.read_bytes_s, shape.row_flops / self.flops_s)
@@ -151,6 +161,8 @@ class StepCosts:
     cpu_limit: Mapping[str, float] = field(default_factory=dict)  # CPUs each limited server may use
     cpu_cost: ServerCost | None = None  # CPU seconds per call, expert computed, row (None: as the server's time)
     cpu_servers: Mapping[str, ServerCost] = field(default_factory=dict)  # each server's own, where measured
+    call_row_s: float = 0.0  # of the CPU outside the kernel, per row (`call_row_cpu`)
+    call_row_fitted: bool = False  # from the servers' windows (else the prior)
 
     def server(self, server_id: str) -> ServerCost:
         return self.servers.get(server_id, self.default)
@@ -173,10 +185,12 @@ def _fit(x_rows: Sequence[Sequence[float]], y_values: Sequence[float], prior: Se
 
 
 def calibrate(
-    work: Mapping[str, WorkSample], shape: ExpertShape, num_layers: int, priors: CostPriors = CostPriors(), min_requests: int = 20
+    work: Mapping[str, WorkSample], shape: ExpertShape, num_layers: int, priors: CostPriors = CostPriors(), min_requests: int = 20,
+    history: Mapping[str, Sequence[WorkSample]] | None = None,
 ) -> StepCosts:
     """The model from the servers' window reports (servers with fewer than `min_requests` calls
-    keep the defaults). See the module docstring."""
+    keep the defaults); `history`: each server's earlier windows, for the per-row CPU of its calls
+    (`call_row_cpu`). See the module docstring."""
     base = StepCosts(priors.server(shape), fanout_s=priors.fanout_s, row_bytes=shape.row_bytes, link_bytes_s=priors.link_bytes_s)
     seen = {sid: w for sid, w in work.items() if w.requests >= min_requests and w.busy_s > 0 and w.seconds > 0}
     if not seen:
@@ -195,31 +209,81 @@ def calibrate(
     steps = busiest.requests / max(1, num_layers)
     cpu = {sid: w.cpu_s / steps for sid, w in seen.items() if w.cpu_s > 0}
     limits = {sid: w.cpu_limit for sid, w in work.items() if w.cpu_limit > 0}
-    cpu_cost, cpu_servers = _cpu_costs({sid: w for sid, w in seen.items() if w.cpu_s > 0}, base.default)
+    cpu_cost, cpu_servers, (call_row_s, fitted) = _cpu_costs({sid: w for sid, w in seen.items() if w.cpu_s > 0}, base.default,
+                                                             priors.call_row_s, history or {}, min_requests)
     return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True,
-                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost, cpu_servers=cpu_servers)
+                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost, cpu_servers=cpu_servers, call_row_s=call_row_s,
+                   call_row_fitted=fitted)
 
 
-def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost) -> tuple[ServerCost | None, dict[str, ServerCost]]:
-    """(the typical server's CPU costs, each server's) from the servers that reported CPU seconds.
+def _outside_cpu(w: WorkSample) -> float:
+    """A window's CPU seconds outside the kernel and the placement changes: its calls' handling."""
+    return max(w.call_cpu_s, w.cpu_s - w.compute_cpu_s - w.change_cpu_s)
+
+
+def call_row_cpu(samples: Mapping[str, Sequence[WorkSample]], prior: float) -> tuple[float, bool]:
+    """(CPU seconds per row of a call outside the kernel, fitted?) from each server's windows
+    (`samples`, those that measured the kernel's CPU apart). A call's CPU outside the kernel is
+    modelled as a_s + b x rows per call: a_s its server's own (a budget's stretch and the process's
+    threads differ by server), b shared (encoding and combining a row costs the same everywhere).
+    b is fitted within servers (each server's windows about its own means, weighted by calls), so
+    that only a change of a server's rows per call (a top-k switch, a new placement) sets it, not
+    the difference between servers; where the rows per call do not vary by `ROWS_SPREAD` of their
+    mean, the data cannot tell a call's fixed CPU from its rows' and `prior` stands."""
+    sxx = sxy = sw = sx = 0.0
+    for windows in samples.values():
+        pts = [(w.requests, w.rows / w.requests, _outside_cpu(w) / w.requests) for w in windows if w.requests > 0]
+        n = sum(p[0] for p in pts)
+        if len(pts) < 2 or n <= 0:
+            continue
+        mx = sum(r * x for r, x, _ in pts) / n
+        my = sum(r * y for r, _, y in pts) / n
+        sxx += sum(r * (x - mx) ** 2 for r, x, _ in pts)
+        sxy += sum(r * (x - mx) * (y - my) for r, x, y in pts)
+        sw += n
+        sx += mx * n
+    if sw <= 0 or sx <= 0 or math.sqrt(sxx / sw) < ROWS_SPREAD * sx / sw:
+        return prior, False
+    return max(0.0, sxy / sxx), True
+
+
+def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost, call_row_s: float = CostPriors.call_row_s,
+               history: Mapping[str, Sequence[WorkSample]] | None = None,
+               min_requests: int = 20) -> tuple[ServerCost | None, dict[str, ServerCost], tuple[float, bool]]:
+    """(the typical server's CPU costs, each server's, (the per-row CPU outside the kernel, fitted?))
+    from the servers that reported CPU seconds.
     Where a server measured its kernel's CPU apart, the kernel's CPU is fitted per expert computed
-    and per row over those servers (the same work costs the same CPU on every server: a budget
-    limits its rate, not its cost), and the rest of its process's CPU (decoding, encoding, the
+    and per row over those servers and scaled by each server's measured / fitted (under a quota's
+    short slices the same work costs a server more CPU), and the rest of its process's CPU (decoding, encoding, the
     gRPC threads, the event loop: everything the kernel does not do, less the CPU its placement
     changes took) is its own per-call cost, measured, not fitted. Servers that did not report the split are fitted as calls, experts and
     rows together (which cannot tell a call's cost from its rows' where the servers' calls and
     rows go together)."""
     if not used:
-        return None, {}
+        return None, {}, (call_row_s, False)
     split = {sid: w for sid, w in used.items() if w.compute_cpu_s > 0}
     if not split:
         return ServerCost(*_fit([[w.requests, w.expert_calls, w.rows] for w in used.values()], [w.cpu_s for w in used.values()],
-                                [prior.call_s, prior.expert_s, prior.row_s])), {}
+                                [prior.call_s, prior.expert_s, prior.row_s])), {}, (call_row_s, False)
     expert_s, row_s = _fit([[w.expert_calls, w.rows] for w in split.values()], [w.compute_cpu_s for w in split.values()],
                            [prior.expert_s, prior.row_s])
-    servers = {sid: ServerCost(max(w.call_cpu_s, w.cpu_s - w.compute_cpu_s - w.change_cpu_s) / w.requests, expert_s, row_s)
+    history = history or {}
+    windows = {sid: [h for h in history.get(sid, ()) if h.compute_cpu_s > 0 and h.requests >= min_requests] + [w]
                for sid, w in split.items()}
-    return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers
+    per_row, fitted = call_row_cpu(windows, call_row_s)
+    # each server's fixed CPU per call: its calls' CPU outside the kernel now, less its rows' (at
+    # most all of it: what the rows' share cannot exceed); its rows' CPU outside the kernel adds to the kernel's per row
+    servers = {}
+    for sid, w in split.items():
+        outside = _outside_cpu(w)
+        rows_cpu = min(outside, per_row * w.rows)
+        # the kernel's CPU of this server: the fit scaled by its own measured / fitted (a server that
+        # runs in a quota's short slices pays more CPU for the same work: caches the others filled)
+        modelled = expert_s * w.expert_calls + row_s * w.rows
+        scale = min(MAX_SCALE, max(MIN_SCALE, w.compute_cpu_s / modelled)) if modelled > 0 else 1.0
+        servers[sid] = ServerCost((outside - rows_cpu) / w.requests, expert_s * scale,
+                                  row_s * scale + (rows_cpu / w.rows if w.rows else per_row))
+    return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers, (per_row, fitted)
 
 
 # ---- step time of a placement -------------------------------------------------------------------

@@ -44,6 +44,7 @@ from control_svc.placement import (
 from control_svc.recovery import RestartMemory, check_held, rebuild_placement
 from control_svc.registry import Registry
 from control_svc.switch import ExpertServerOps, PlacementSwitch
+from control_svc.work_history import WorkHistory
 from moemesh.contracts.info import ServerInfo
 from moemesh.contracts.knobs import MoeKnobs, check_change
 from moemesh.contracts.placement import LayerExperts
@@ -78,6 +79,7 @@ class ControlPlane:
         self.moe_layers = moe_layers
         self.shape = shape or CostInputs.from_priors().shape
         self.seconds_per_copy: float | None = None  # loading one expert copy, from the last prepare phases
+        self.history = WorkHistory()  # the expert servers' earlier load windows (the cost model's per-row call CPU)
         self.num_experts = num_experts
         self.cfg = cfg
         self.expected = cfg.expected_expert_servers
@@ -122,6 +124,7 @@ class ControlPlane:
         for old in [r.info.server_id for r in self.registry.experts.values() if r.info.address == info.address and r.info.state != "dead"]:
             self.declare_dead(old, f"a new server registered from its address {info.address}")
         rec = self.registry.register_expert(info, held, reported_version, instance)
+        self.history.forget(rec.server_id)  # a new process: the earlier windows were another's
         log.info("expert server %s registered at %s (%s)%s", rec.server_id, rec.address, rec.device,
                  f", holding experts of placement v{reported_version}" if reported_version else "")
         self.note_version(reported_version)
@@ -195,6 +198,9 @@ class ControlPlane:
         known = self.registry.heartbeat(id_, adopted_version, stats, instance)
         if known and adopted_version is not None and id_ in self.registry.attention:
             self.note_version(adopted_version)
+        rec = self.registry.experts.get(id_) if known else None
+        if rec is not None and rec.info.state == "serving" and stats is not None and stats.HasField("window_work"):
+            self.history.record(id_, _work_sample(stats.window_work), self.registry.clock())
         return known
 
     # ---- load and balance --------------------------------------------------------------------
@@ -221,16 +227,20 @@ class ControlPlane:
         out = {}
         for rec in self.registry.experts.values():
             if rec.info.state == "serving" and rec.stats is not None and rec.stats.HasField("window_work"):
-                w = rec.stats.window_work
-                out[rec.info.server_id] = WorkSample(w.seconds, w.requests, w.expert_calls, w.rows, w.busy_seconds, w.service_seconds,
-                                                     w.cpu_seconds, w.cpu_limit, w.compute_cpu_seconds, w.call_cpu_seconds,
-                                                     w.change_cpu_seconds)
+                out[rec.info.server_id] = _work_sample(rec.stats.window_work)
         return out
 
     def cost_inputs(self, view: PlacementView) -> CostInputs:
         """The cost model as the servers' reports calibrate it, for the knobs of `view`."""
         top_k = view.knobs.effective(self.moe_layers[0], self.shape.top_k)[0]
-        costs = calibrate(self.work(), self.shape, len(self.moe_layers))
+        work = self.work()
+        # the earlier windows, without the current one (the last kept may be it)
+        history = {sid: [h for h in kept if h != work.get(sid)] for sid, kept in self.history.windows().items()}
+        costs = calibrate(work, self.shape, len(self.moe_layers), history=history)
+        if costs.cpu_servers:
+            log.info("cost model: a call's CPU outside the kernel %s + %.1f us a row (%s)",
+                     ", ".join(f"{sid} {1e3 * c.call_s:.2f} ms" for sid, c in sorted(costs.cpu_servers.items())), 1e6 * costs.call_row_s,
+                     "fitted over the servers' windows" if costs.call_row_fitted else "the prior: the rows per call did not vary")
         return CostInputs(costs, self.shape, top_k, self.seconds_per_copy)
 
     def balancedness(self) -> float:
@@ -514,3 +524,9 @@ class ControlPlane:
                     log.debug("no rebalance: %s", plan.reason)
             except Exception as e:  # noqa: BLE001 - the next period tries again
                 log.warning("periodic rebalance failed: %s", e)
+
+
+def _work_sample(w: Any) -> WorkSample:
+    """ExpertStats.window_work -> WorkSample."""
+    return WorkSample(w.seconds, w.requests, w.expert_calls, w.rows, w.busy_seconds, w.service_seconds, w.cpu_seconds, w.cpu_limit,
+                      w.compute_cpu_seconds, w.call_cpu_seconds, w.change_cpu_seconds)

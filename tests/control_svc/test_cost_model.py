@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from control_svc.cost_model import (
-    CostPriors, ExpertShape, Prediction, ServerCost, StepCosts, SwitchCost, WorkSample, calibrate, expert_seconds, predict,
+    CostPriors, ExpertShape, Prediction, ServerCost, StepCosts, SwitchCost, WorkSample, calibrate, call_row_cpu, expert_seconds, predict,
     rows_per_step, switch_cost,
 )
 from control_svc.placement import (
@@ -254,3 +254,113 @@ def test_a_placement_changes_cpu_is_not_charged_to_the_calls():
     # the servicer's own measure is the floor: the process's CPU cannot have spent less on the calls
     floor = calibrate({"a": replace(work["a"], change_cpu_s=0.7)}, SHAPE, num_layers=1)
     assert floor.cpu("a").call_s == pytest.approx(0.2 / 400)
+
+
+def _row_dependent_calls(scales: tuple[float, ...], fixed_s=(1.0e-3, 1.2e-3, 1.5e-3, 1.1e-3), per_row_s=40e-6,
+                         expert_s=50e-6, row_s=4e-6):
+    """Four servers (one MoE layer, four experts each, called at every step, 0.1 CPUs each: the
+    busiest one's CPU bounds the step) whose calls cost, outside the kernel, their own fixed CPU
+    plus `per_row_s` a row. One window per entry of `scales` (the base rows per step times it: a
+    top-k switch), 400 steps in 10 s each: (history, current window, base rows [1, 16], the true
+    CPU a step of each server for rows r)."""
+    base = torch.tensor([[5.0] * 4 + [2.5] * 4 + [2.0] * 4 + [1.25] * 4])  # [1, 16] per step at scale 1
+    outside_share = 0.6  # of the calls' CPU outside the kernel the servicer measures (the rest: gRPC threads)
+
+    def true_cpu(r) -> list[float]:  # each server's CPU a step
+        out = []
+        for s in range(4):
+            share = r[0, 4 * s:4 * s + 4]
+            n, g = float(share.sum()), float((-torch.expm1(-share)).sum())
+            out.append(fixed_s[s] + per_row_s * n + expert_s * g + row_s * n)
+        return out
+
+    def window(scale: float) -> dict[str, WorkSample]:
+        r = base * scale
+        out = {}
+        for s in range(4):
+            share = r[0, 4 * s:4 * s + 4]
+            n, g = float(share.sum()), float((-torch.expm1(-share)).sum())
+            kernel = expert_s * g + row_s * n
+            outside = fixed_s[s] + per_row_s * n
+            out[f"s{s}"] = WorkSample(10.0, 400, round(400 * g), round(400 * n), busy_s=400 * kernel, service_s=400 * (kernel + 50e-6),
+                                      cpu_s=400 * (kernel + outside), cpu_limit=0.1, compute_cpu_s=400 * kernel,
+                                      call_cpu_s=400 * outside_share * outside)
+        return out
+
+    windows = [window(k) for k in scales]
+    history = {s: [w[s] for w in windows[:-1]] for s in windows[-1]}
+    return history, windows[-1], base, true_cpu
+
+
+def test_a_calls_cpu_that_grows_with_its_rows_is_fitted_across_windows_and_predicts_a_top_k_switch():
+    # windows at top-k 2, then 8 (4x the rows): the switch 8 -> 4 halves the rows per call
+    history, now, base, true_cpu = _row_dependent_calls((1.0, 4.0))
+    costs = calibrate(now, SHAPE, num_layers=1, history=history)
+    rows = base * 4.0
+    placement = Placement(1, {0: tuple((f"s{e // 4}",) for e in range(16))})
+    for ratio in (0.5, 2.0, 0.25):
+        truth = max(true_cpu(rows)) / max(true_cpu(rows * ratio))
+        assert predict(rows, placement, rows * ratio, placement, [0], costs).gain == pytest.approx(truth, rel=0.03)
+    # each server's fixed CPU per call is its own (a budget's stretch differs by server), the per-row part shared
+    assert costs.cpu("s2").call_s == pytest.approx(1.5e-3, rel=0.02) and costs.cpu("s0").call_s == pytest.approx(1.0e-3, rel=0.02)
+    # without the earlier window the rows per call did not vary: the fit cannot split a call's CPU
+    # and keeps the prior (all of it per call), which misses the gain of the switch
+    alone = calibrate(now, SHAPE, num_layers=1)
+    assert alone.cpu("s0").call_s == pytest.approx(1.0e-3 + 40e-6 * 80, rel=0.02)  # 80 rows a call
+    truth = max(true_cpu(rows)) / max(true_cpu(rows * 0.5))
+    assert predict(rows, placement, rows * 0.5, placement, [0], alone).gain < truth - 0.1
+
+
+def test_the_per_row_call_cpu_falls_back_to_the_prior_when_the_rows_per_call_do_not_vary():
+    history, now, _, _ = _row_dependent_calls((4.0, 4.0, 4.0))
+    assert call_row_cpu({s: [*history[s], now[s]] for s in now}, prior=7e-6) == (7e-6, False)
+    priors = CostPriors(call_row_s=10e-6)
+    costs = calibrate(now, SHAPE, num_layers=1, priors=priors, history=history)
+    assert (costs.call_row_s, costs.call_row_fitted) == (10e-6, False)
+    w = now["s0"]
+    outside = w.cpu_s - w.compute_cpu_s
+    assert costs.cpu("s0").call_s == pytest.approx((outside - 10e-6 * w.rows) / w.requests)
+    # windows that differ in their rows per call identify it (here the truth, 40 us)
+    history, now, _, _ = _row_dependent_calls((4.0, 2.0, 4.0))
+    per_row, fitted = call_row_cpu({s: [*history[s], now[s]] for s in now}, prior=7e-6)
+    assert fitted and per_row == pytest.approx(40e-6, rel=0.02)
+
+
+def test_a_server_whose_kernel_costs_it_more_cpu_keeps_that_stretch_after_a_rebalance():
+    # the hot server "a" runs in its quota's short slices: the same kernel work costs it 1.6x the CPU
+    # it costs the five others (which set the fit); 0.1 CPUs each, one MoE layer, 400 steps in 10 s
+    cold = ("b", "c", "d", "e", "f")
+    stretch = {"a": 1.6, **{s: 1.0 for s in cold}}
+    fixed = {"a": 1.5e-3, **{s: 1e-3 for s in cold}}
+    expert_s, row_s = 60e-6, 25e-6
+
+    def per_step(rows, placement) -> dict[str, tuple[float, float]]:  # server -> (rows, experts computed) a step
+        out: dict[str, list[float]] = {}
+        for e, holders in enumerate(placement.replicas[0]):
+            share = float(rows[0, e]) / len(holders)
+            for s in holders:
+                acc = out.setdefault(s, [0.0, 0.0])
+                acc[0] += share
+                acc[1] += -math.expm1(-share)
+        return {s: (n, g) for s, (n, g) in out.items()}
+
+    def true_cpu(rows, placement) -> dict[str, float]:
+        return {s: -math.expm1(-n) * fixed[s] + stretch[s] * (expert_s * g + row_s * n) for s, (n, g) in per_step(rows, placement).items()}
+
+    # a holds two hot experts (30 and 20 rows a step), each cold server one expert and a share of the last
+    rows = torch.tensor([[30.0, 20.0, 16.0, 14.0, 12.0, 10.0, 8.0, 10.0]])  # [1, 8] per step
+    hot = Placement(1, {0: (("a",), ("a",), ("b",), ("c",), ("d",), ("e",), ("f",), cold)})
+    spread = Placement(2, {0: (("a", "f"), ("b", "c"), ("b",), ("c",), ("d",), ("e",), ("f",), ("d", "e"))})
+    work = {}
+    for s, (n, g) in per_step(rows, hot).items():
+        kernel = stretch[s] * (expert_s * g + row_s * n)
+        calls = 400 * -math.expm1(-n)
+        work[s] = WorkSample(10.0, round(calls), round(400 * g), round(400 * n), busy_s=400 * kernel, service_s=400 * kernel + calls * 1e-4,
+                             cpu_s=400 * kernel + calls * fixed[s], cpu_limit=0.1, compute_cpu_s=400 * kernel, call_cpu_s=calls * 0.5e-3)
+    costs = calibrate(work, SHAPE, num_layers=1)
+    for s, w in work.items():  # each server's modelled CPU for its window is what it measured
+        u = costs.cpu(s)
+        assert u.call_s * w.requests + u.expert_s * w.expert_calls + u.row_s * w.rows == pytest.approx(w.cpu_s, rel=1e-6)
+    p = predict(rows, hot, rows, spread, [0], costs)
+    truth = max(true_cpu(rows, hot).values()) / max(true_cpu(rows, spread).values())
+    assert p.budget_bound and p.gain == pytest.approx(truth, rel=0.03)

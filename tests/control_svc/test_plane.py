@@ -4,6 +4,7 @@ import asyncio
 import grpc
 import pytest
 
+from control_svc.cost_model import call_row_cpu
 from control_svc.config import ControlConfig
 from control_svc.plane import ControlPlane
 from control_svc.registry import Registry
@@ -125,6 +126,37 @@ def test_the_calls_measured_cpu_reaches_the_cost_model():
         costs = plane.cost_inputs(plane.board.current).costs
         # the call's CPU: all the process's CPU outside the kernel and the placement changes (0.625 s) over its 400 calls
         assert costs.cpu("expert-0").call_s == pytest.approx(0.625 / 400)
+
+    asyncio.run(main())
+
+
+def test_the_plane_keeps_earlier_windows_so_the_calls_cpu_per_row_is_fitted():
+    # a call costs 1 ms of CPU outside the kernel plus 20 us a row; the rows per call double between
+    # windows reported 6 s apart (more than half the 10 s window), and a heartbeat 1 s later is not kept
+    async def main():
+        plane, _, clock, _ = make_plane()
+        await two_servers(plane)
+
+        def beat(per_expert: int, sid: str) -> None:
+            tokens = {(l, e): per_expert for l in LAYERS for e in range(8)}
+            rows = sum(tokens.values())
+            st = work_stats(tokens, requests=400, expert_calls=800, busy_s=0.5, service_s=1.0)
+            st.window_work.cpu_seconds = 0.25 + 400 * 1e-3 + 20e-6 * rows
+            st.window_work.compute_cpu_seconds, st.window_work.call_cpu_seconds = 0.25, 0.4
+            plane.heartbeat(sid, None, st)
+
+        for t, per_expert in ((0.0, 50), (1.0, 50), (6.0, 100)):
+            clock.t = t
+            for sid in ("expert-0", "expert-1"):
+                beat(per_expert, sid)
+        assert [w.rows for w in plane.history.windows()["expert-0"]] == [50 * 8 * len(LAYERS), 100 * 8 * len(LAYERS)]
+        costs = plane.cost_inputs(plane.board.current).costs
+        assert costs.cpu("expert-0").call_s == pytest.approx(1e-3, rel=1e-3)
+        assert call_row_cpu(plane.history.windows(), prior=0.0) == pytest.approx((20e-6, True), rel=1e-3)
+        assert costs.call_row_fitted and costs.call_row_s == pytest.approx(20e-6, rel=1e-3)
+        # a server registering again is another process: its earlier windows are dropped
+        plane.history.forget("expert-0")
+        assert "expert-0" not in plane.history.windows()
 
     asyncio.run(main())
 
