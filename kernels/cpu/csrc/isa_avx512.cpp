@@ -113,7 +113,8 @@ struct V {
 
   // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid, over an NR_-row tile: rows d[j]
   // with their block multipliers s[j] (zeros for 8 past the last block); `ahead` bytes from each
-  // row is the same row of the next tile, prefetched one cache line per step as the tile runs.
+  // row is the same row of a later tile (the caller's prefetch distance), prefetched one cache line
+  // per step as the tile runs.
   // kp elements per row (a multiple of 16); the last step's bytes past the row are not read.
   template <int LPB, int MR, int NR_>
   __attribute__((target("avx512bf16"))) static void e2m1_bf16_tile(const uint8_t* const* d, const float* const* s,
@@ -196,8 +197,8 @@ struct V {
 
   // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid over an NR_-row tile: rows d[j]
   // of k e4m3 bytes (the last chunk's bytes past k are not read) with their scale rows s[j] (one
-  // float per qbk elements; qbk a multiple of 32); `ahead` bytes from each row is the same row of the
-  // next tile, prefetched a cache line per two chunks.
+  // float per qbk elements; qbk a multiple of 32); `ahead` bytes from each row is the same row of a
+  // later tile (the caller's prefetch distance), prefetched a cache line per two chunks.
   template <int MR, int NR_>
   __attribute__((target("avx512bf16"))) static void fp8_bf16_tile(const uint8_t* const* d, const float* const* s,
                                                                   int64_t ahead, int nvalid, const __m512bh* xb,
