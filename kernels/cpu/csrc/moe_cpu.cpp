@@ -62,11 +62,16 @@ Isa isa_for(const std::string& variant) {
 #endif
 }
 
-// ints: fmt, k, seg_rows, per_seg, qbn, qbk. data [E, N, *]; scale [E, *, *] (or empty); scale2 [E, S] (or empty).
+// ints: fmt, k, seg_rows, per_seg, qbn, qbk. data [E, N, ...] (a row's bytes contiguous: mxfp4 blocks
+// come as stored, [E, N, KB, 16]; any dtype, read as bytes); scale [E, *, *] (or empty); scale2
+// [E, S] (or empty).
 Weights weights_of(const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
                    const at::Tensor& scale2) {
   TORCH_CHECK(ints.size() == 6, "weights: expected 6 ints");
-  TORCH_CHECK(data.dim() == 3 && data.stride(2) == 1, "weights: data must be [E, N, *] with unit stride in the last dim");
+  bool rows_contiguous = data.dim() >= 3 && data.stride(data.dim() - 1) == 1;
+  for (int64_t d = 2; rows_contiguous && d + 1 < data.dim(); ++d)
+    rows_contiguous = data.stride(d) == data.stride(d + 1) * data.size(d + 1);
+  TORCH_CHECK(rows_contiguous, "weights: data must be [E, N, ...] with each row's elements contiguous");
   Weights w{};
   w.fmt = int(ints[0]);
   w.data = data.data_ptr();
@@ -124,7 +129,7 @@ std::vector<int64_t> split_by_cost(const std::vector<int64_t>& costs, int64_t pa
 }
 
 // x [T, H] float32/bfloat16; token_idx [N] int64; row_weight [N] float32; expert_idx [G] int64;
-// counts [G] int64 -> [T, H] float32 (the caller casts to x's dtype).
+// counts [G] int64 -> [T, H] in x's dtype (accumulated in float32).
 at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::Tensor& row_weight,
                    const at::Tensor& expert_idx, const at::Tensor& counts,
                    const std::vector<int64_t>& gu_ints, const at::Tensor& gu_data, const at::Tensor& gu_scale,
@@ -158,7 +163,7 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   TORCH_CHECK_VALUE(row_weight.numel() == N, "row_weight: expected ", N, " values");
   for (int64_t r = 0; r < N; ++r) TORCH_CHECK_VALUE(tok[r] >= 0 && tok[r] < T, "token_idx: indices must lie in [0, ", T, ")");
   at::Tensor out = at::zeros({T, H}, x.options().dtype(at::kFloat));
-  if (N == 0) return out;
+  if (N == 0) return out.to(x.scalar_type());
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
 
   // Gather: each row's token, as float32 in the gate_up format's layout.
@@ -259,7 +264,7 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
       }
     }
   });
-  return out;
+  return out.to(x.scalar_type());
 }
 
 // x [M, K] float32/bfloat16 contiguous; w [N, K] float32/bfloat16 with unit stride along K ->
