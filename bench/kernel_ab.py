@@ -5,7 +5,7 @@ own `kernels/cpu/moe_mlp_cpu.py` calling its build, so the per-call Python work 
   python bench/kernel_ab.py [--rev main] [--tokens 1,4,16] [--dtype bfloat16,float32] [--repeat 100]
                             [--formats fp8,mxfp4,nvfp4] [--compute bfloat16]
                             [--threads 1] [--experts 64] [--top-k 8] [--hidden 1024] [--intermediate 384]
-                            [--flush-mb 64] [--pages huge|4k|both]
+                            [--flush-mb 64] [--pages 4k|huge|both]
 
 --dtype names dense experts (weights and compute in that dtype); --formats names quantized experts
 (kernels.prepare_experts), computed in --compute.
@@ -17,9 +17,9 @@ and read different routings in the same round, and --flush-mb MiB are read betwe
 call finds weights in the last-level cache (the weights come from memory, as in a decode step of a
 model whose layers together exceed it); the figure is the fastest of --repeat calls (a shared machine slows some calls, never speeds any
 up) and GB/s the stored bytes of the experts a call selects over that time; the medians of both sides
-follow. The weights are held in huge pages as the checkpoint loader holds them (`--pages huge`,
-kernels.hugepages), or in 4 KiB pages (`--pages 4k`); `--pages both` compares the two memories on this
-checkout's build instead of two builds.
+follow. The weights are held in 4 KiB pages, as the checkpoint loader holds them (`--pages 4k`), or
+moved into 2 MiB huge pages with the flush buffer (`--pages huge`, kernels.hugepages); `--pages both`
+compares the two memories on this checkout's build instead of two builds.
 
 Shape legend: E experts, H hidden, I intermediate, T tokens per call, G experts selected by a call.
 """
@@ -102,9 +102,9 @@ def main(argv=None) -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--intermediate", type=int, default=384)
     ap.add_argument(
-        "--pages", choices=("4k", "huge", "both"), default="huge",
-        help="the weights' memory: 4 KiB pages, huge pages where the kernel grants them (as the checkpoint "
-        "loader holds experts), or both: this checkout's build on each, side by side (no --rev build)",
+        "--pages", choices=("4k", "huge", "both"), default="4k",
+        help="the weights' memory: 4 KiB pages (as the checkpoint loader holds experts), huge pages where "
+        "the kernel grants them, or both: this checkout's build on each, side by side (no --rev build)",
     )
     ap.add_argument("--flush-mb", type=int, default=64, help="MiB read between calls to evict the caches (0: none)")
     args = ap.parse_args(argv)
@@ -118,7 +118,7 @@ def main(argv=None) -> None:
         builds = {args.rev: build_revision(args.rev), "this checkout": moe_mlp_cpu_module}
     e, h, i, k = args.experts, args.hidden, args.intermediate, args.top_k
     flush = torch.ones(args.flush_mb << 20, dtype=torch.uint8) if args.flush_mb else None
-    if flush is not None and args.pages != "4k":  # as the loader holds the other layers' weights
+    if flush is not None and args.pages != "4k":  # the flush evicts caches, not the weights' TLB entries
         to_huge_pages(flush)
     torch.manual_seed(0)
     dense = ExpertWeights(torch.randn(e, 2 * i, h) * 0.02, torch.randn(e, h, i) * 0.02)
