@@ -1,4 +1,6 @@
-"""Expert weight memory in 2 MiB transparent huge pages.
+"""Expert weight memory in 2 MiB transparent huge pages (used by bench/kernel_ab.py --pages; the
+checkpoint loader keeps 4 KiB pages: faulting huge pages in at load measured far slower here, see
+docs/benchmarks.md).
 
 A decode step reads each selected expert's bytes once, from memory: over 4 KiB pages every 4 KiB of
 weights costs a TLB entry (and, after the step's other work has evicted them, a page walk), and the
@@ -73,17 +75,6 @@ def weight_tensors(obj) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
     return [v for v in vars(obj).values() if isinstance(v, torch.Tensor)] if obj is not None else []
-
-
-def anon_huge_bytes() -> int:
-    """AnonHugePages of this process (/proc/self/smaps_rollup), in bytes; 0 where unreadable."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def experts_in_huge_pages(w):
