@@ -1,7 +1,7 @@
 """Rebalancing that pays, measured side by side in one run, and a live top-k switch.
 
     python bench/rebalance.py [--shape qwen3-sparse-skew] [--model DIR] [--expert-servers 4]
-        [--expert-cpu-quota 0.1] [--top-k 2] [--redundant-experts 8] [--concurrency 8] [--output-len 32]
+        [--expert-cpu-quota 0.1] [--expert-cpu-period-ms MS] [--top-k 2] [--redundant-experts 8] [--concurrency 8] [--output-len 32]
         [--warmup-s 10] [--phase-s 20] [--top-k-phases 8,4,8] [--json]
 
 The mesh (control, expert servers, one attention replica, a router) runs as processes on this
@@ -87,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expert-cpu-quota", type=float, default=0.1, metavar="CORES",
                    help="CPUs each expert server may use (its own cgroup or cores); 0 = no budget. The default "
                         "makes the expert servers, not the attention replica, bound the step on a 2-core machine")
+    p.add_argument("--expert-cpu-period-ms", type=float, default=None, metavar="MS",
+                   help="the period of each expert server's CPU quota (cgroup modes; default: the launcher's, "
+                        "lengthened so the quota is at least 1 ms: 10 ms at 0.1 cores). Longer periods cost a call less CPU "
+                        "(bench/quota_call_cpu.py) but let a server run in longer bursts between stalls")
     p.add_argument("--top-k", type=int, default=2, help="routing top-k of the rebalance phases")
     p.add_argument("--redundant-experts", type=int, default=8, help="extra expert copies per layer the rebalance may place")
     p.add_argument("--concurrency", type=int, default=8)
@@ -103,6 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("need --expert-servers, --concurrency, --top-k and --attention-threads >= 1 and --output-len >= 2")
     if ns.phase_s <= 0 or ns.warmup_s < 0 or ns.expert_cpu_quota < 0 or ns.redundant_experts < 0:
         p.error("need --phase-s > 0 and --warmup-s, --expert-cpu-quota, --redundant-experts >= 0")
+    if ns.expert_cpu_period_ms is not None and not 1 <= ns.expert_cpu_period_ms <= 1000:
+        p.error("need 1 <= --expert-cpu-period-ms <= 1000 (the periods the kernel takes)")
     return ns
 
 
@@ -209,7 +215,8 @@ def server_shares(st) -> str:
 
 def window_work(st) -> str:
     """Each expert server's work over its load window, per second: calls, rows, CPU (of its limit),
-    computing, in service."""
+    computing, in service; and its CPU per call: all of it, in the kernel, and in the servicer's
+    handling outside it (the rest: gRPC threads, the event loop, heartbeats)."""
     out = []
     for s in st.servers:
         w = s.window_work
@@ -217,9 +224,16 @@ def window_work(st) -> str:
             continue
         limit = f"/{w.cpu_limit:g}" if w.cpu_limit else ""
         out.append(f"{s.server.server_id}: {w.requests / w.seconds:.0f} calls/s, {w.rows / w.seconds:.0f} rows/s, "
+                   f"{w.expert_calls / max(1, w.requests):.1f} experts/call, "
                    f"cpu {w.cpu_seconds / w.seconds:.2f}{limit}, computing {w.busy_seconds / w.seconds:.2f}, "
-                   f"in service {w.service_seconds / w.seconds:.2f}")
+                   f"in service {w.service_seconds / w.seconds:.2f}, "
+                   f"cpu per call {_ms_per(w.cpu_seconds, w.requests)} ms (kernel {_ms_per(w.compute_cpu_seconds, w.requests)}, "
+                   f"servicer {_ms_per(w.call_cpu_seconds, w.requests)})")
     return "; ".join(out)
+
+
+def _ms_per(seconds: float, count: int) -> str:
+    return f"{1e3 * seconds / count:.2f}" if count else "-"
 
 
 def rebalance_watching(ctl, version: int):
@@ -253,7 +267,8 @@ def run(ns: argparse.Namespace, model: str, log_dir: Path, budgets: CpuBudgets |
             "model_dir": model, "expected_expert_servers": ns.expert_servers, "heartbeat_interval_s": 0.5,
             "redundant_experts": ns.redundant_experts, "rebalance_min_tokens": 1}, ns.start_timeout_s, 1)
         for i in range(ns.expert_servers):
-            slot = budgets.slot(f"expert-{i}", ns.expert_cpu_quota) if budgets else None
+            period = {} if ns.expert_cpu_period_ms is None else {"period_us": round(1000 * ns.expert_cpu_period_ms)}
+            slot = budgets.slot(f"expert-{i}", ns.expert_cpu_quota, **period) if budgets else None
             threads = (slot.threads if slot else None) or 1
             if slot:
                 say(f"  {slot.describe()}")
@@ -353,7 +368,8 @@ def report(ns: argparse.Namespace, model: str, out: dict, budget_mode: str, load
         "balancedness_before": round(before_st.balancedness, 4), "balancedness_after": round(after_st.balancedness, 4),
         "predicted_gain": round(resp.predicted_gain, 3), "measured_gain": round(measured, 3), "switched": resp.switched,
         "moves": resp.moves, "bytes_to_load": resp.bytes_to_load, "top_k_switch": knobs,
-        "config": {"model": model, "expert_servers": ns.expert_servers, "expert_cpu_quota": ns.expert_cpu_quota, "cpu_budget": budget_mode,
+        "config": {"model": model, "expert_servers": ns.expert_servers, "expert_cpu_quota": ns.expert_cpu_quota,
+                   "expert_cpu_period_ms": ns.expert_cpu_period_ms, "cpu_budget": budget_mode,
                    "top_k": ns.top_k, "concurrency": ns.concurrency, "transport": ns.transport, "output_len": ns.output_len, "phase_s": ns.phase_s,
                    "load_average": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()},
     }

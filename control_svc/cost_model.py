@@ -10,31 +10,42 @@ of a step is therefore
 Rows per step of each (layer, expert) are the window load over the steps in the window; the copies
 of an expert share its rows evenly (as the attention replicas split them); a copy getting r rows a
 step computes with probability 1 - e^-r and a server is called with probability 1 - e^-(its rows)
-(rows arrive as a Poisson stream). The rest of a step (attention, sampling, the router) is the
-measured step time less T(current placement), or less the CPU budgets' bound below when that is
-longer (a server waiting out its CPU quota stalls the step; the rest of the step is what the
-budget does not explain): `other_s`. That is the step's latency; its other
-bound is the servers' CPU budgets: a server limited to c CPUs (`cpu_limit`, its cgroup quota or
-pinned cores) that needs D CPU seconds a step cannot run a step in less than D / c. D is measured
-for the current placement (the process's CPU seconds over the window, per step) and scaled by the
-server's modelled CPU a step under another against now: CPU seconds per call, per expert computed
-and per row (`StepCosts.cpu_cost`, fitted to every server's CPU seconds; a call's fixed CPU, from
-decoding the request to encoding the answer, counts once per layer a server is called, so spreading
-hot experts also spreads calls). A placement's step time is the larger of the two,
-and its predicted gain over the current one is step(current) / step(new). When the mesh idled
-during the window the measured step time is too long, which only makes the predicted gain smaller.
+(rows arrive as a Poisson stream). The step has a second bound: the servers' CPU budgets. A
+server limited to c CPUs (`cpu_limit`, its cgroup quota or pinned cores) that needs D CPU seconds a
+step cannot run a step in less than D / c. D is measured for the current placement (the process's
+CPU seconds over the window, per step) and scaled by the server's modelled CPU a step under another
+against now: its CPU seconds per call, per expert computed and per row (`StepCosts.cpu`). Under a
+quota a server's wall time is its CPU stretched by the budget: it computes at full speed while its
+budget lasts and waits for the next quota period when it is spent. So the latency of a limited
+server's call is its CPU (not its measured seconds, which hold the waits), and the waits are the
+budget's bound D / c, counted there once. The rest of a step (attention, sampling, the router) is
+the measured step time less the larger of T(current placement) and the budgets' bound: `other_s`.
+It adds to either bound (while the step runs outside the expert calls the servers idle, and a quota
+period's budget left unused is lost, not saved for the next call), so a placement's step time is
+`other_s` + the larger of its T and its budgets' bound, and its predicted gain over the current
+one is step(current) / step(new). When the mesh idled during the window the measured step time is
+too long, which only makes the predicted gain smaller.
 
 Calibration (`calibrate`) from what each expert server reports over its load window
 (`WorkSample`, ExpertStats.window_work): calls, experts computed, rows, seconds computing and
-seconds with a call in service. Compute seconds are fitted as expert_s x experts + row_s x rows over
-all servers (least squares, pulled towards the priors so that little traffic cannot set them
-alone); each server's costs are then scaled by its own measured / fitted compute time (a server on a
-smaller CPU budget is slower), and its call_s is its in-service seconds not spent computing, per
-call. CPU seconds are fitted the same way as call_s x calls + expert_s x experts + row_s x rows,
-one fit for all servers (a budget limits the rate of a server's CPU, not what its work costs). Steps in the window: the most calls one server got over the number of MoE layers (a server
-holding warm experts is called at every layer of every step); the measured step time is that
-server's window over them. Without reports the priors stand (`CostPriors`, from the model's
-shape), and a step is taken to carry one token.
+seconds with a call in service, the process's CPU seconds, and of them the thread CPU seconds
+inside the expert kernel and in the calls' handling outside it (each call measures both). Compute
+seconds are fitted as expert_s x experts + row_s x rows over all servers (least squares, pulled
+towards the priors so that little traffic cannot set them alone); each server's costs are then
+scaled by its own measured / fitted compute time (a server on a smaller CPU budget is slower), and
+its call_s is its in-service seconds not spent computing, per call. CPU is not fitted where it is
+measured: the kernel's CPU seconds are fitted per expert computed and per row over the servers (the
+same work costs the same CPU on every server), and a server's CPU per call is all its process's
+CPU outside the kernel over its calls (decoding and encoding in the servicer, which it measures
+apart, and the gRPC threads and the event loop around them, which only the process's CPU holds;
+less the CPU of loading and dropping experts, which the server also measures apart),
+so a call's fixed CPU counts once per layer a server is called and spreading hot experts spreads
+calls too. Servers that report no kernel CPU are fitted as call_s x calls + expert_s x experts +
+row_s x rows over all servers, which cannot tell a call's cost from its rows' where the servers'
+calls and rows go together. Steps in the window: the most calls one server got over the number of MoE
+layers (a server holding warm experts is called at every layer of every step); the measured step
+time is that server's window over them. Without reports the priors stand (`CostPriors`, from the
+model's shape), and a step is taken to carry one token.
 
 Switch cost (`switch_cost`): the copies a switch loads (exactly the diff), their bytes, and the
 seconds the loading takes (seconds per copy calibrated from the last switches' prepare phases).
@@ -118,6 +129,9 @@ class WorkSample:
     service_s: float
     cpu_s: float = 0.0  # the process's CPU seconds
     cpu_limit: float = 0.0  # CPUs it may use (0: not limited)
+    compute_cpu_s: float = 0.0  # thread CPU seconds inside the expert kernel (0: not reported)
+    call_cpu_s: float = 0.0  # thread CPU seconds of the calls' handling outside the kernel
+    change_cpu_s: float = 0.0  # thread CPU seconds of placement changes (loading, dropping experts)
 
 
 @dataclass(frozen=True)
@@ -136,9 +150,14 @@ class StepCosts:
     cpu_per_step: Mapping[str, float] = field(default_factory=dict)  # CPU seconds each server used per step
     cpu_limit: Mapping[str, float] = field(default_factory=dict)  # CPUs each limited server may use
     cpu_cost: ServerCost | None = None  # CPU seconds per call, expert computed, row (None: as the server's time)
+    cpu_servers: Mapping[str, ServerCost] = field(default_factory=dict)  # each server's own, where measured
 
     def server(self, server_id: str) -> ServerCost:
         return self.servers.get(server_id, self.default)
+
+    def cpu(self, server_id: str) -> ServerCost | None:
+        """CPU seconds per call, expert computed and row of a server (None: price its CPU as its time)."""
+        return self.cpu_servers.get(server_id, self.cpu_cost)
 
 
 def _fit(x_rows: Sequence[Sequence[float]], y_values: Sequence[float], prior: Sequence[float]) -> list[float]:
@@ -176,14 +195,31 @@ def calibrate(
     steps = busiest.requests / max(1, num_layers)
     cpu = {sid: w.cpu_s / steps for sid, w in seen.items() if w.cpu_s > 0}
     limits = {sid: w.cpu_limit for sid, w in work.items() if w.cpu_limit > 0}
-    used = [w for w in seen.values() if w.cpu_s > 0]
-    cpu_cost = None
-    if used:  # the same work costs the same CPU on every server (a budget limits its rate, not its cost)
-        prior = base.default
-        cpu_cost = ServerCost(*_fit([[w.requests, w.expert_calls, w.rows] for w in used], [w.cpu_s for w in used],
-                                    [prior.call_s, prior.expert_s, prior.row_s]))
+    cpu_cost, cpu_servers = _cpu_costs({sid: w for sid, w in seen.items() if w.cpu_s > 0}, base.default)
     return replace(base, default=typical, servers=servers, steps=steps, step_s=busiest.seconds / steps, calibrated=True,
-                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost)
+                   cpu_per_step=cpu, cpu_limit=limits, cpu_cost=cpu_cost, cpu_servers=cpu_servers)
+
+
+def _cpu_costs(used: Mapping[str, WorkSample], prior: ServerCost) -> tuple[ServerCost | None, dict[str, ServerCost]]:
+    """(the typical server's CPU costs, each server's) from the servers that reported CPU seconds.
+    Where a server measured its kernel's CPU apart, the kernel's CPU is fitted per expert computed
+    and per row over those servers (the same work costs the same CPU on every server: a budget
+    limits its rate, not its cost), and the rest of its process's CPU (decoding, encoding, the
+    gRPC threads, the event loop: everything the kernel does not do, less the CPU its placement
+    changes took) is its own per-call cost, measured, not fitted. Servers that did not report the split are fitted as calls, experts and
+    rows together (which cannot tell a call's cost from its rows' where the servers' calls and
+    rows go together)."""
+    if not used:
+        return None, {}
+    split = {sid: w for sid, w in used.items() if w.compute_cpu_s > 0}
+    if not split:
+        return ServerCost(*_fit([[w.requests, w.expert_calls, w.rows] for w in used.values()], [w.cpu_s for w in used.values()],
+                                [prior.call_s, prior.expert_s, prior.row_s])), {}
+    expert_s, row_s = _fit([[w.expert_calls, w.rows] for w in split.values()], [w.compute_cpu_s for w in split.values()],
+                           [prior.expert_s, prior.row_s])
+    servers = {sid: ServerCost(max(w.call_cpu_s, w.cpu_s - w.compute_cpu_s - w.change_cpu_s) / w.requests, expert_s, row_s)
+               for sid, w in split.items()}
+    return sorted(servers.values(), key=lambda c: c.call_s)[len(servers) // 2], servers
 
 
 # ---- step time of a placement -------------------------------------------------------------------
@@ -217,9 +253,15 @@ def _expert_times(rows, placement: Placement, layers: Sequence[int], costs: Step
             c = costs.server(s)
             p = -math.expm1(-n)
             called += p
-            t = p * c.call_s + g * c.expert_s + n * (c.row_s + costs.row_bytes / costs.link_bytes_s)
-            u = costs.cpu_cost
+            transfer = n * costs.row_bytes / costs.link_bytes_s
+            t = p * c.call_s + g * c.expert_s + n * c.row_s + transfer
+            u = costs.cpu(s)
             cpu = t if u is None else p * u.call_s + g * u.expert_s + n * u.row_s
+            if u is not None and s in costs.cpu_limit:
+                # a server under a CPU budget computes at full speed while its budget lasts: its call
+                # takes its CPU; the waits for the next quota period (the stretch of its wall time
+                # that its measured seconds hold) are the budget's bound on the step, counted there once
+                t = cpu + transfer
             cpu_per_step[s] = cpu_per_step.get(s, 0.0) + cpu
             slowest = max(slowest, t)
         total += slowest + costs.fanout_s * called
@@ -268,10 +310,11 @@ def predict(rows_before, placement_before: Placement, rows_after, placement_afte
     after, after_per_server = _expert_times(rows_after, placement_after, layers, costs)
     budget_before = _budget_step(before_per_server, before_per_server, costs)
     budget_after = _budget_step(after_per_server, before_per_server, costs)
-    # the rest of the step: what neither the expert calls' latency nor a CPU budget explains (a
-    # budget that explains the whole measured step hides the rest: then it counts as nothing)
+    # the rest of the step: what neither the expert calls' latency nor a CPU budget explains. It
+    # adds to either: while the step runs outside the expert calls the servers wait, and a quota
+    # period's budget left unused then is lost, not saved for the calls
     other = max(0.0, costs.step_s - max(before, budget_before)) if costs.step_s else 0.0
-    return Prediction(max(other + before, budget_before), max(other + after, budget_after), other, budget_after > other + after)
+    return Prediction(other + max(before, budget_before), other + max(after, budget_after), other, budget_after > after)
 
 
 # ---- what a switch costs ------------------------------------------------------------------------

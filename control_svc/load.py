@@ -59,6 +59,8 @@ def bounded_stats(stats, layers: Sequence[int], num_experts: int, max_tokens_per
         setattr(work, name, min(value, work.seconds) if math.isfinite(value) and value > 0 else 0.0)
     for name in ("requests", "expert_calls", "rows"):
         setattr(work, name, min(getattr(work, name), cap))
-    work.cpu_seconds = min(work.cpu_seconds, work.seconds * MAX_CPUS) if math.isfinite(work.cpu_seconds) and work.cpu_seconds > 0 else 0.0
+    for name in ("cpu_seconds", "compute_cpu_seconds", "call_cpu_seconds", "change_cpu_seconds"):
+        value = getattr(work, name)
+        setattr(work, name, min(value, work.seconds * MAX_CPUS) if math.isfinite(value) and value > 0 else 0.0)
     work.cpu_limit = min(work.cpu_limit, MAX_CPUS) if math.isfinite(work.cpu_limit) and work.cpu_limit > 0 else 0.0
     return out

@@ -223,7 +223,8 @@ class ControlPlane:
             if rec.info.state == "serving" and rec.stats is not None and rec.stats.HasField("window_work"):
                 w = rec.stats.window_work
                 out[rec.info.server_id] = WorkSample(w.seconds, w.requests, w.expert_calls, w.rows, w.busy_seconds, w.service_seconds,
-                                                     w.cpu_seconds, w.cpu_limit)
+                                                     w.cpu_seconds, w.cpu_limit, w.compute_cpu_seconds, w.call_cpu_seconds,
+                                                     w.change_cpu_seconds)
         return out
 
     def cost_inputs(self, view: PlacementView) -> CostInputs:

@@ -98,16 +98,24 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
         message and the stream goes on."""
         async for request in request_iterator:
             self.shard.stats.enter()
+            # this thread's CPU decoding the request and encoding the answer (the forward reports its
+            # own, kernel and rest apart: it may run on the pool); an await in between would count
+            # other calls' CPU, so each part is timed on its own
+            cpu = 0.0
             try:
+                decoding = time.thread_time()
                 req = to_request(request)
                 inline = req.token_idx.numel() * self.shard.model.hidden_size <= self.inline_max_elements
+                cpu = time.thread_time() - decoding
                 y = await self._call(self.shard.forward, req, inline=inline)
+                encoding = time.thread_time()
                 resp = expert_pb2.ForwardResponse(call_id=request.call_id)
                 encode(y, out=resp.y)  # written in place: a Tensor message passed as y= would be copied once more
+                cpu += time.thread_time() - encoding
             except MeshError as e:
                 resp = expert_pb2.ForwardResponse(call_id=request.call_id, error_code=e.code.value[0], error=e.message)
             finally:
-                self.shard.stats.leave()
+                self.shard.stats.leave(cpu)
             yield resp
 
     async def _change(self, context, fn, request):
@@ -121,6 +129,7 @@ class ExpertServicer(expert_grpc.ExpertServiceServicer):
                 start = time.monotonic()
                 _, cpu_s = await self._run(context, cpu_timed(fn), le.layer, list(le.expert_ids))
                 elapsed = time.monotonic() - start
+                self.shard.stats.changed(cpu_s)
                 changing += elapsed
                 self._changed(le, request.placement_version)
                 if self.pacer is not None:

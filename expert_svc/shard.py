@@ -140,6 +140,7 @@ class ExpertShard:
         """This server's part of one MoE layer call -> y [T, H] in req.x.dtype on req.x.device, the
         weighted partial sum over the rows. Raises MeshError: INVALID_ARGUMENT for a malformed
         request, FAILED_PRECONDITION for experts this server does not hold."""
+        cpu_start = time.thread_time()  # this thread's CPU: the call's handling outside the kernel is reported apart
         ids, counts = check_request(req, self.model)
         layer = req.layer
         experts = self._layers.get(layer)
@@ -148,7 +149,7 @@ class ExpertShard:
         missing = [e for e in ids if e not in experts.index]
         if missing:
             raise MeshError(grpc.StatusCode.FAILED_PRECONDITION, f"layer {layer}: experts {missing} are not held by this server (held: {list(experts.expert_ids)})")
-        start = time.perf_counter()
+        start, cpu_in = time.perf_counter(), time.thread_time()
         local = torch.tensor([experts.index[e] for e in ids], dtype=torch.int64, device=self.device)  # [G]
         y = experts(
             req.x.to(self.device, self.dtype),  # [T, H]
@@ -157,7 +158,9 @@ class ExpertShard:
             local,
             req.counts.to(self.device),  # [G]
         )
-        self.stats.record(layer, req.expert_ids, req.counts, time.perf_counter() - start, counts)
+        seconds, cpu_out = time.perf_counter() - start, time.thread_time()
+        self.stats.record(layer, req.expert_ids, req.counts, seconds, counts, compute_cpu=cpu_out - cpu_in,
+                          call_cpu=cpu_in - cpu_start)
         return y.to(req.x.device, req.x.dtype)
 
     @classmethod

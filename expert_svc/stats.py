@@ -3,9 +3,13 @@ depth of one expert server; optionally mirrored into the server's Prometheus `Se
 
 Over the same window it also sums the work done (`WORK`): calls, (call, expert) pairs, rows, the
 seconds spent computing, the seconds with at least one call in service (from its arrival to its
-answer: decoding, computing, encoding, and any wait for the server's CPU budget) and the process's
-CPU seconds; and it says how many CPUs the process may use (`cpu_limit`). The control plane
-calibrates its cost model from these (`control_svc/cost_model.py`)."""
+answer: decoding, computing, encoding, and any wait for the server's CPU budget), the process's
+CPU seconds, and of them the thread CPU seconds measured per call: inside the expert kernel
+(`compute_cpu_seconds`) and in the call's handling outside it (`call_cpu_seconds`: decoding the
+request, checks, encoding the answer), and the thread CPU seconds of placement changes (loading
+and dropping experts: `change_cpu_seconds`, so they are not taken for the calls' cost); and it says
+how many CPUs the process may use (`cpu_limit`).
+The control plane calibrates its cost model from these (`control_svc/cost_model.py`)."""
 from __future__ import annotations
 
 import math
@@ -18,7 +22,8 @@ import torch
 
 from moemesh.telemetry import ExpertLoadCounter, ServiceMetrics, SlidingSums
 
-WORK = ("requests", "expert_calls", "rows", "busy_seconds", "service_seconds", "cpu_seconds")
+WORK = ("requests", "expert_calls", "rows", "busy_seconds", "service_seconds", "cpu_seconds", "compute_cpu_seconds",
+        "call_cpu_seconds", "change_cpu_seconds")
 
 
 @dataclass(frozen=True)
@@ -74,14 +79,15 @@ class ShardStats:
         if self.metrics is not None:
             self.metrics.set_queue_depth(n)
 
-    def leave(self) -> None:
-        """A call was answered."""
+    def leave(self, call_cpu: float = 0.0) -> None:
+        """A call was answered; `call_cpu`: thread CPU seconds its handling took outside `record`'s
+        (decoding the request, encoding the answer)."""
         with self._lock:
             self._in_flight -= 1
             n = self._in_flight
             served = self._clock() - self._serving_since if n == 0 else 0.0
-        if served:
-            self.work.add(service_seconds=served)
+        if served or call_cpu:
+            self.work.add(service_seconds=served, call_cpu_seconds=max(0.0, call_cpu))
         if self.metrics is not None:
             self.metrics.set_queue_depth(n)
 
@@ -90,19 +96,25 @@ class ShardStats:
         return self._in_flight
 
     def record(self, layer: int, expert_ids: torch.Tensor, counts: torch.Tensor, seconds: float,
-               count_list: list[int] | None = None) -> None:
+               count_list: list[int] | None = None, compute_cpu: float = 0.0, call_cpu: float = 0.0) -> None:
         """One computed request: counts [G] int64 rows for expert_ids [G] int64 of `layer`, `seconds` of
-        compute; `count_list`: counts as a list when the caller has it (saves two tensor reductions)."""
+        compute; `count_list`: counts as a list when the caller has it (saves two tensor reductions);
+        `compute_cpu`: thread CPU seconds inside the kernel; `call_cpu`: thread CPU seconds of the
+        compute call outside the kernel (checks, dispatch)."""
         if expert_ids.numel():
             self.load.add_sparse(layer, expert_ids, counts)
         c = counts.tolist() if count_list is None else count_list
         self.work.add(requests=1, expert_calls=sum(1 for n in c if n > 0), rows=sum(c), busy_seconds=seconds,
-                      cpu_seconds=self._cpu_since())
+                      cpu_seconds=self._cpu_since(), compute_cpu_seconds=max(0.0, compute_cpu), call_cpu_seconds=max(0.0, call_cpu))
         with self._lock:
             self._requests += 1
             self._busy += seconds
         if self.metrics is not None:
             self.metrics.add_busy(seconds)
+
+    def changed(self, cpu_s: float) -> None:
+        """A placement change (one layer's LoadExperts or DropExperts) took `cpu_s` thread CPU seconds."""
+        self.work.add(change_cpu_seconds=max(0.0, cpu_s))
 
     def _cpu_since(self) -> float:
         """Process CPU seconds since the last call (what the window has not counted yet)."""

@@ -15,9 +15,12 @@ Modes, tried in this order:
   affinity    `os.sched_setaffinity`: each budget gets round(cores) cores of its own, in turn (budgets
               share cores only when there are more of them than cores);
   none        neither works here: the reason is in `describe()`, and the servers share every core.
-The period is short (2 ms, longer where the quota would fall under the kernel's 1 ms minimum), so a
-throttled server runs as a slower device would, in slices of a few milliseconds, instead of running
-at full speed for most of 100 ms and then stalling for the rest.
+The period is short by default (2 ms, longer where the quota would fall under the kernel's 1 ms
+minimum), so a throttled server runs as a slower device would, in slices of a few milliseconds,
+instead of running at full speed for most of 100 ms and then stalling for the rest. Short slices
+have a price: a server starts each one after the other processes ran, with their data in the
+caches, so the same call costs it more CPU the shorter its slices are (`bench/quota_call_cpu.py`
+measures it by period); `slot(..., period_us=...)` sets a longer one.
 
 A cgroup is entered by the child itself: `wrap` prefixes the command with a tiny program that writes
 its own pid to the cgroup's `cgroup.procs` (or sets its affinity) and then execs the service, so the
@@ -41,6 +44,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 MIN_QUOTA_US = 1000  # the kernel refuses a shorter quota
 PERIOD_US = 2000  # the period, unless the quota would be shorter than MIN_QUOTA_US
+MIN_PERIOD_US, MAX_PERIOD_US = 1000, 1_000_000  # the periods the kernel takes
 STALE = re.compile(r"^moemesh-(\d+)-")
 
 # argv: KIND ARG PROGRAM ARGS...; KIND "cgroup": ARG is a cgroup.procs file to write our pid to;
@@ -61,10 +65,10 @@ _ENTER_WRAPPER = (
 )
 
 
-def quota_us(cores: float) -> tuple[int, int]:
-    """(quota, period) in microseconds for `cores` CPUs: the PERIOD_US period, lengthened so the
+def quota_us(cores: float, period_us: int = PERIOD_US) -> tuple[int, int]:
+    """(quota, period) in microseconds for `cores` CPUs: the `period_us` period, lengthened so the
     quota is at least MIN_QUOTA_US."""
-    period = max(PERIOD_US, math.ceil(MIN_QUOTA_US / cores))
+    period = max(period_us, math.ceil(MIN_QUOTA_US / cores))
     return max(MIN_QUOTA_US, round(cores * period)), period
 
 
@@ -120,6 +124,7 @@ class CpuSlot:
     kind: str
     path: Path | None = None
     cpus: tuple[int, ...] = ()
+    period_us: int = 0  # the quota's period (cgroup kind)
 
     @property
     def threads(self) -> int | None:
@@ -140,7 +145,7 @@ class CpuSlot:
 
     def describe(self) -> str:
         if self.kind == "cgroup":
-            return f"{self.name}: {self.cores:g} cores (cgroup {self.path}, {self.threads} torch thread(s))"
+            return f"{self.name}: {self.cores:g} cores (cgroup {self.path}, period {self.period_us / 1000:g} ms, {self.threads} torch thread(s))"
         if self.kind == "affinity":
             return f"{self.name}: cores {','.join(map(str, self.cpus))} ({self.threads} torch thread(s))"
         return f"{self.name}: no budget of its own"
@@ -187,17 +192,20 @@ class CpuBudgets:
             return f"no cpu budget per server is possible here ({self.why}): the expert servers share every core"
         return self.why
 
-    def slot(self, name: str, cores: float) -> CpuSlot:
-        """A budget of `cores` CPUs for child `name`."""
+    def slot(self, name: str, cores: float, period_us: int = PERIOD_US) -> CpuSlot:
+        """A budget of `cores` CPUs for child `name`; `period_us`: the quota's period (cgroup modes;
+        lengthened where the quota would fall under the kernel's minimum)."""
         cores = check_cores(cores)
+        if isinstance(period_us, bool) or not isinstance(period_us, int) or not MIN_PERIOD_US <= period_us <= MAX_PERIOD_US:
+            raise ValueError(f"period_us must be an int in [{MIN_PERIOD_US}, {MAX_PERIOD_US}], got {period_us!r}")
         if self.mode in ("cgroup-v1", "cgroup-v2"):
             if not self.slots:
                 self._remove_stale()
             path = self.parent / f"moemesh-{os.getpid()}-{name}"
             path.mkdir(exist_ok=True)
-            quota, period = quota_us(cores)
+            quota, period = quota_us(cores, period_us)
             _write_quota(path, self.mode, quota, period)
-            s = CpuSlot(name, cores, "cgroup", path=path)
+            s = CpuSlot(name, cores, "cgroup", path=path, period_us=period)
         elif self.mode == "affinity":
             n = min(len(self.available), max(1, round(cores)))
             cpus = tuple(sorted(self.available[(self._next_cpu + i) % len(self.available)] for i in range(n)))

@@ -92,10 +92,12 @@ def test_rebalance_defaults_and_rejects(capsys):
     ns = rebalance.parse_args([])
     assert (ns.shape, ns.expert_servers, ns.expert_cpu_quota, ns.top_k, ns.top_k_phases, ns.json) == (
         "qwen3-sparse-skew", 4, 0.1, 2, (8, 4, 8), False)
+    assert ns.expert_cpu_period_ms is None and rebalance.parse_args(["--expert-cpu-period-ms", "50"]).expert_cpu_period_ms == 50.0
     ns = rebalance.parse_args(["--shape", "demo", "--top-k-phases", "", "--expert-cpu-quota", "0", "--transport", "dist", "--json"])
     assert (ns.shape, ns.top_k_phases, ns.expert_cpu_quota, ns.transport, ns.json) == ("demo", (), 0.0, "dist", True)
     for argv, message in ((["--top-k-phases", "8,0"], "integers >= 1"), (["--phase-s", "0"], "--phase-s > 0"),
-                          (["--expert-cpu-quota", "-1"], "--expert-cpu-quota"), (["--concurrency", "0"], "--concurrency")):
+                          (["--expert-cpu-quota", "-1"], "--expert-cpu-quota"), (["--concurrency", "0"], "--concurrency"),
+                          (["--expert-cpu-period-ms", "0.5"], "--expert-cpu-period-ms")):
         with pytest.raises(SystemExit) as e:
             rebalance.parse_args(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
@@ -107,4 +109,19 @@ def test_step_cost_defaults_and_rejects(capsys):
     for argv, message in ((["--concurrent", "0"], "need --concurrent"), (["--top", "-1"], "need --concurrent"), (["--dtype", "float16"], "invalid choice")):
         with pytest.raises(SystemExit) as e:
             step_cost.parse_args(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_quota_call_cpu_defaults_and_rejects(capsys):
+    from bench import quota_call_cpu
+
+    ns = quota_call_cpu.parse_args([])
+    assert (ns.shape, ns.cores, ns.periods_ms, ns.experts_per_call, ns.rounds, ns.json) == (
+        "qwen3-sparse-tiny-skew", 0.1, (10, 20, 50, 100), (4,), 2, False)
+    assert quota_call_cpu.parse_args(["--periods-ms", "20, 200", "--cores", "0.5"]).periods_ms == (20, 200)
+    for argv, message in ((["--cores", "1"], "0 < --cores < 1"), (["--periods-ms", "5"], "at least 1 ms"),
+                          (["--periods-ms", "0"], "integers >= 1"), (["--rounds", "0"], "--rounds >= 1"),
+                          (["--experts-per-call", "1,8"], "--experts-per-call")):
+        with pytest.raises(SystemExit) as e:
+            quota_call_cpu.parse_args(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err

@@ -98,8 +98,9 @@ def test_a_servers_cpu_budget_bounds_the_step():
     p = predict(rows, hot, rows, spread, [0], costs)  # a's share halves: its CPU too, 5 s a step
     # the budget explains the whole measured step (a waited out its quota): nothing else is left
     assert (p.step_s_before, p.step_s_after, p.other_s, p.budget_bound) == pytest.approx((10.0, 5.0, 0.0, True))
-    longer = predict(rows, hot, rows, spread, [0], replace(costs, step_s=14.0))  # 4 s of the step are not the budget's
-    assert (longer.other_s, longer.step_s_after, longer.budget_bound) == pytest.approx((4.0, 6.0, False))
+    # 4 s of the step are not the budget's: they add to it (a quota period left unused is lost)
+    longer = predict(rows, hot, rows, spread, [0], replace(costs, step_s=14.0))
+    assert (longer.other_s, longer.step_s_after, longer.budget_bound) == pytest.approx((4.0, 9.0, True))
     more = predict(rows, hot, rows * 3, hot, [0], costs)  # three times the rows on a: 60 s of CPU, 30 s a step
     assert (more.step_s_after, more.budget_bound) == (pytest.approx(30.0), True)
     assert more.gain == pytest.approx(1 / 3)
@@ -204,3 +205,52 @@ def test_the_cpu_fit_counts_each_call_so_spreading_spreads_calls_too():
     # a call and about 20 rows: about 1.8 ms and 1.9 ms, so about 19 ms a step
     assert p.budget_bound and p.step_s_before == pytest.approx(0.025, rel=0.01)
     assert p.step_s_after == pytest.approx(0.019, rel=0.1)
+
+
+def _top_k_halving_gain(call_s: float, expert_s: float, row_s: float, split: bool = True) -> tuple[float, float, StepCosts]:
+    """(predicted, true) gain of halving the rows for four servers that each get a call at every
+    step (400 steps in 10 s, one MoE layer, four experts each, 0.1 CPUs each: the busiest one's
+    CPU bounds the step), whose calls and kernels cost `call_s`, `expert_s` and `row_s` of CPU;
+    `split`: the servers report their kernel's CPU apart."""
+    rows = torch.tensor([[20.0] * 4 + [10.0] * 4 + [8.0] * 4 + [5.0] * 4])  # [1, 16] per step
+    placement = Placement(1, {0: tuple((f"s{e // 4}",) for e in range(16))})
+
+    def cpu(r) -> list[float]:  # each server's CPU a step: a call, the experts it computes, its rows
+        out = []
+        for s in range(4):
+            share = r[0, 4 * s:4 * s + 4]
+            out.append(call_s + expert_s * float((-torch.expm1(-share)).sum()) + row_s * float(share.sum()))
+        return out
+
+    work = {}
+    for s, c in enumerate(cpu(rows)):
+        compute = c - call_s
+        share = rows[0, 4 * s:4 * s + 4]
+        work[f"s{s}"] = WorkSample(10.0, 400, round(400 * float((-torch.expm1(-share)).sum())), round(400 * float(share.sum())),
+                                   busy_s=400 * compute, service_s=400 * (compute + 50e-6), cpu_s=400 * c, cpu_limit=0.1,
+                                   compute_cpu_s=400 * compute * split, call_cpu_s=400 * 0.6 * call_s * split)  # the rest: gRPC threads
+    costs = calibrate(work, SHAPE, num_layers=1)
+    p = predict(rows, placement, rows * 0.5, placement, [0], costs)
+    return p.gain, max(cpu(rows)) / max(cpu(rows * 0.5)), costs
+
+
+def test_a_call_heavy_server_gains_little_from_halving_its_rows_and_a_row_heavy_one_much():
+    # every server gets the same number of calls: only the measured split tells a call's CPU from its rows'
+    heavy_calls, true_calls, costs = _top_k_halving_gain(call_s=2e-3, expert_s=50e-6, row_s=4e-6)
+    assert costs.cpu("s0").call_s == pytest.approx(2e-3, rel=1e-6)  # the process's CPU outside the kernel, per call
+    assert heavy_calls == pytest.approx(true_calls, rel=0.03) and heavy_calls < 1.1
+    heavy_rows, true_rows, costs = _top_k_halving_gain(call_s=0.3e-3, expert_s=100e-6, row_s=22e-6)
+    assert costs.cpu("s0").call_s == pytest.approx(0.3e-3, rel=1e-6)
+    assert heavy_rows == pytest.approx(true_rows, rel=0.03) and heavy_rows > 1.4
+
+
+
+def test_a_placement_changes_cpu_is_not_charged_to_the_calls():
+    # 400 calls, 1.0 s of process CPU: 0.2 s in the kernel, 0.3 s loading experts during the window
+    work = {s: WorkSample(10.0, 400, 800, 2000, busy_s=0.2, service_s=0.4, cpu_s=1.0, cpu_limit=0.1, compute_cpu_s=0.2,
+                          call_cpu_s=0.2, change_cpu_s=0.3 if s == "a" else 0.0) for s in ("a", "b")}
+    costs = calibrate(work, SHAPE, num_layers=1)
+    assert costs.cpu("a").call_s == pytest.approx(0.5 / 400) and costs.cpu("b").call_s == pytest.approx(0.8 / 400)
+    # the servicer's own measure is the floor: the process's CPU cannot have spent less on the calls
+    floor = calibrate({"a": replace(work["a"], change_cpu_s=0.7)}, SHAPE, num_layers=1)
+    assert floor.cpu("a").call_s == pytest.approx(0.2 / 400)

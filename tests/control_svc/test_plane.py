@@ -110,6 +110,25 @@ def work_stats(tokens: dict[tuple[int, int], int], requests: int, expert_calls: 
     return st
 
 
+def test_the_calls_measured_cpu_reaches_the_cost_model():
+    async def main():
+        plane, *_ = make_plane()
+        await two_servers(plane)
+        for sid in ("expert-0", "expert-1"):
+            st = work_stats({(l, e): 50 for l in LAYERS for e in range(8)}, requests=400, expert_calls=800, busy_s=1.0, service_s=2.0)
+            st.window_work.cpu_seconds, st.window_work.cpu_limit = 1.0, 0.1
+            st.window_work.compute_cpu_seconds, st.window_work.call_cpu_seconds = 0.25, 0.5
+            st.window_work.change_cpu_seconds = 0.125
+            plane.heartbeat(sid, None, st)
+        w = plane.work()["expert-0"]
+        assert (w.cpu_s, w.cpu_limit, w.compute_cpu_s, w.call_cpu_s, w.change_cpu_s) == (1.0, 0.1, 0.25, 0.5, 0.125)
+        costs = plane.cost_inputs(plane.board.current).costs
+        # the call's CPU: all the process's CPU outside the kernel and the placement changes (0.625 s) over its 400 calls
+        assert costs.cpu("expert-0").call_s == pytest.approx(0.625 / 400)
+
+    asyncio.run(main())
+
+
 def test_a_dry_run_prices_the_plan_from_the_servers_reports_and_switches_nothing():
     async def main():
         plane, ops, _, _ = make_plane(redundant_experts=2)

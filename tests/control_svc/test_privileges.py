@@ -49,8 +49,13 @@ def test_absurd_heartbeat_loads_are_clamped_and_unknown_experts_refused():
     huge = stats({(0, 1): 10**12, (1, 2): 2**64 - 1, (0, 3): 50})
     huge.window_seconds = math.inf
     huge.busy_seconds = math.nan
+    huge.window_work.seconds = 10.0
+    huge.window_work.compute_cpu_seconds, huge.window_work.call_cpu_seconds = math.inf, 1e12
+    huge.window_work.change_cpu_seconds = -1.0
     b = bounded_stats(huge, LAYERS, 8, max_tokens_per_s=1000.0)
     assert b.window_seconds == 1.0 and b.busy_seconds == 0.0
+    assert b.window_work.compute_cpu_seconds == 0.0 and b.window_work.call_cpu_seconds <= 10.0 * 4096
+    assert b.window_work.change_cpu_seconds == 0.0
     load = window_load([b], LAYERS, 8)  # no overflow into int64
     assert load[0, 1] == 1000 and load[1, 2] == 1000 and load[0, 3] == 50
     long_window = stats({(0, 1): 10**12})

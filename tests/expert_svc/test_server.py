@@ -59,6 +59,8 @@ def test_unknown_expert_is_failed_precondition_and_live_load_drop(tiny_model_dir
         assert a.error_code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "layer 1" in a.error
         held = call(loop, srv.port, "LoadExperts", expert_pb2.LoadExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[4, 5, 6])]))
         assert [(le.layer, list(le.expert_ids)) for le in held.experts] == [(1, [4, 5, 6])]
+        work = call(loop, srv.port, "GetStats", expert_pb2.GetStatsRequest()).window_work
+        assert work.change_cpu_seconds > 0 and work.compute_cpu_seconds == 0  # the load's CPU, apart from the calls'
         (a,) = stream(loop, srv.port, [request_message(req)])
         torch.testing.assert_close(decode(a.y), expected(req, weights[1]))  # float32 rounding: a subset of the experts held
         held = call(loop, srv.port, "DropExperts", expert_pb2.DropExpertsRequest(experts=[expert_pb2.LayerExperts(layer=1, expert_ids=[5])]))

@@ -37,8 +37,8 @@ def test_work_over_the_window_counts_calls_experts_rows_and_service_time():
     stats = ShardStats([0, 1], 8, window_s=10.0, clock=clock, cpu_limit=0.5, cpu_clock=cpu)
     stats.enter()
     clock.t = 0.25
-    stats.record(0, torch.tensor([3, 5, 6]), torch.tensor([4, 0, 2]), 0.125)  # expert 5 got no rows: not computed
-    stats.leave()
+    stats.record(0, torch.tensor([3, 5, 6]), torch.tensor([4, 0, 2]), 0.125, compute_cpu=0.0625, call_cpu=0.001)  # expert 5 got no rows: not computed
+    stats.leave(call_cpu=0.002)  # decoding and encoding: the call's CPU outside the forward
     stats.enter()
     stats.enter()  # two calls overlap: service time counts the time with any in service, once
     clock.t = 1.0
@@ -47,10 +47,12 @@ def test_work_over_the_window_counts_calls_experts_rows_and_service_time():
     clock.t = 1.5
     stats.record(1, torch.tensor([2]), torch.tensor([1]), 0.25)
     stats.leave()
+    stats.changed(0.125)  # a LoadExperts layer's CPU: counted apart from the calls'
     cpu.t = 0.75  # the process's CPU time: what the window adds by the snapshot
     snap = stats.snapshot()
     assert snap.work == {"requests": 3, "expert_calls": 4, "rows": 9, "busy_seconds": 0.875, "service_seconds": 1.5,
-                         "cpu_seconds": 0.75, "seconds": 1.5}
+                         "cpu_seconds": 0.75, "compute_cpu_seconds": 0.0625, "call_cpu_seconds": 0.003, "change_cpu_seconds": 0.125,
+                         "seconds": 1.5}
     assert snap.cpu_limit == 0.5
 
 
@@ -66,6 +68,9 @@ def test_stats_and_metrics_endpoint_without_a_gpu(tiny_model_dir, loop):
         work = stats.window_work
         assert (work.requests, work.expert_calls, work.rows) == (1, sum(1 for n in req.counts.tolist() if n), int(req.counts.sum()))
         assert 0 < work.busy_seconds <= work.service_seconds <= work.seconds
+        # the call's thread CPU, inside the kernel and outside it, both measured and part of the process's
+        assert work.compute_cpu_seconds > 0 and work.call_cpu_seconds > 0
+        assert work.compute_cpu_seconds + work.call_cpu_seconds <= work.cpu_seconds
         body = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_server.port}/metrics", timeout=10).read().decode()
         assert 'moemesh_expert_tokens_total{expert="6",layer="1",service="expert"}' in body or \
             'moemesh_expert_tokens_total{service="expert",layer="1",expert="6"}' in body

@@ -43,6 +43,7 @@ def test_quota_and_threads_follow_the_cores():
     assert quota_us(0.5) == (1000, 2000)
     assert quota_us(2) == (4000, 2000)
     assert quota_us(0.1) == (1000, 10000)
+    assert quota_us(0.1, 50000) == (5000, 50000) and quota_us(0.1, 5000) == (1000, 10000)  # a longer period asked for; never under 1 ms
     assert [threads_for(c) for c in (0.25, 1, 1.5, 2, 3.99)] == [1, 1, 1, 2, 3]
     for bad in (0, -1, float("nan"), True, "1"):
         with pytest.raises(ValueError, match="cores"):
@@ -62,8 +63,14 @@ def test_cgroup_v1_gives_each_server_a_cgroup_with_its_quota(tmp_path):
     assert s.threads == 1
     argv = s.wrap(["prog", "--flag"])
     assert argv[-2:] == ["prog", "--flag"] and str(s.path / "cgroup.procs") in argv
-    assert "expert-0: 0.25 cores" in s.describe()
-    assert b.close() == [] and not s.path.exists()
+    assert "expert-0: 0.25 cores" in s.describe() and "period 4 ms" in s.describe()
+    longer = b.slot("expert-1", 0.25, period_us=100_000)
+    assert (longer.path / "cpu.cfs_quota_us").read_text().strip() == "25000"
+    assert (longer.path / "cpu.cfs_period_us").read_text().strip() == "100000"
+    for bad in (999, 1_000_001, 2.5e4):
+        with pytest.raises(ValueError, match="period_us"):
+            b.slot("expert-2", 0.25, period_us=bad)
+    assert b.close() == [] and not s.path.exists() and not longer.path.exists()
 
 
 def test_cgroup_v2_enables_the_cpu_controller_and_writes_cpu_max(tmp_path):
