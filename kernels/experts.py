@@ -44,6 +44,10 @@ class ExpertWeights:
     gate_up_bias: Tensor | None = None
     down_bias: Tensor | None = None
     activation: str = "silu"
+    # What the compiled CPU kernels read of these weights, built on their first call (with the
+    # projections it was built from, so that replacing one rebuilds it): kernels.cpu.moe_mlp_cpu.
+    # A cache, not part of the weights' value.
+    kernel_view: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:

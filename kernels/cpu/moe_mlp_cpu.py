@@ -30,57 +30,44 @@ _EMPTY = torch.empty(0)
 def projection_args(t) -> tuple | None:
     """One projection [E, N, K] -> (ints, data, scale, scale2) for the kernels, or None where they do not
     read it (another dense dtype, a dense tensor without unit stride along K, an FP8 block width that
-    is not a multiple of 32)."""
+    is not a multiple of 32). The stored tensors are handed over as they are (the kernels read their
+    bytes; no view or copy is made)."""
     if isinstance(t, FP8BlockExperts):
         bn, bk = t.block
         if bk % CHUNK:
             return None
         n = t.shape[1]
         ints = [FMT_FP8, t.shape[2], n // t.segments, t.scale.shape[1] // t.segments, bn, bk]
-        return ints, t.weight.view(torch.uint8), t.scale, _EMPTY
+        return ints, t.weight, t.scale, _EMPTY
     if isinstance(t, MXFP4Experts):
-        data = t.blocks.flatten(-2)  # [E, N, KB*16]
-        return [FMT_MXFP4, t.k, 1, 1, 1, 1], data, t.scales, _EMPTY
+        return [FMT_MXFP4, t.k, 1, 1, 1, 1], t.blocks, t.scales, _EMPTY  # blocks [E, N, KB, 16]
     if isinstance(t, NVFP4Experts):
         ints = [FMT_NVFP4, t.k, t.shape[1] // t.segments, 1, 1, 1]
-        return ints, t.weight, t.weight_scale.view(torch.uint8), t.weight_scale_2
+        return ints, t.weight, t.weight_scale, t.weight_scale_2
     if not isinstance(t, Tensor) or t.dtype not in COMPUTE_DTYPES or t.stride(-1) != 1 or t.device.type != "cpu":
         return None
     return [FMT_F32 if t.dtype == torch.float32 else FMT_BF16, t.shape[2], 1, 1, 1, 1], t, _EMPTY, _EMPTY
 
 
-def kernel_weights(w: ExpertWeights) -> tuple | str:
-    """w as the kernels take it: (gate_up's projection_args, gate_up bias, down's projection_args, down
-    bias, activation code, I), or why they cannot read it. Made once per weights object and kept on it
-    (made again where one of its fields has been replaced since), so a decode step's call builds no
-    arguments: the tuple holds views of w's tensors, never a copy."""
-    held = w.__dict__.get(_HELD)
-    if held is not None:
-        gate_up, down, gate_up_bias, down_bias, activation = held[0]
-        if (
-            gate_up is w.gate_up and down is w.down and gate_up_bias is w.gate_up_bias and down_bias is w.down_bias
-            and activation is w.activation
-        ):
-            return held[1]
-    made = _kernel_weights(w)
-    w.__dict__[_HELD] = ((w.gate_up, w.down, w.gate_up_bias, w.down_bias, w.activation), made)
-    return made
-
-
-_HELD = "_cpu_kernel_weights"  # the attribute of an ExpertWeights that keeps `kernel_weights`
-
-
-def _kernel_weights(w: ExpertWeights) -> tuple | str:
-    args = []
+def kernel_view(w: ExpertWeights) -> tuple:
+    """(why the kernels cannot read w's weights or None, gate_up args, down args, gate_up bias, down
+    bias), built once per ExpertWeights and kept in `w.kernel_view` with the projections it was built
+    from: a decode step's call then touches none of the weights' Python objects but this tuple."""
+    memo = w.kernel_view
+    if memo is not None and memo[0] is w.gate_up and memo[1] is w.down and memo[2] is w.gate_up_bias and memo[3] is w.down_bias:
+        return memo[4]
+    reason, args = None, []
     for name in ("gate_up", "down"):
         t = getattr(w, name)
-        if t.device.type != "cpu":
-            return f"{name} is not on the CPU"
-        proj = projection_args(t)
-        if proj is None:
-            return f"{name}: {type(t).__name__} {getattr(t, 'dtype', '')} is not read by the kernels"
-        args.append(proj)
-    return (*args[0], _bias(w.gate_up_bias), *args[1], _bias(w.down_bias), ACT_CODES[w.activation], w.intermediate_size)
+        a = projection_args(t) if t.device.type == "cpu" else None
+        if reason is None and t.device.type != "cpu":
+            reason = f"{name} is not on the CPU"
+        elif reason is None and a is None:
+            reason = f"{name}: {type(t).__name__} {getattr(t, 'dtype', '')} is not read by the kernels"
+        args.append(a)
+    view = (reason, args[0], args[1], _bias(w.gate_up_bias), _bias(w.down_bias))
+    w.kernel_view = (w.gate_up, w.down, w.gate_up_bias, w.down_bias, view)
+    return view
 
 
 def unsupported(x: Tensor, w: ExpertWeights) -> str | None:
@@ -89,8 +76,7 @@ def unsupported(x: Tensor, w: ExpertWeights) -> str | None:
         return "x is not on the CPU"
     if x.dtype not in COMPUTE_DTYPES:
         return f"x dtype {x.dtype} (the kernels compute from float32 or bfloat16)"
-    held = kernel_weights(w)
-    return held if isinstance(held, str) else None
+    return kernel_view(w)[0]
 
 
 def compiled_runs(x: Tensor, counts: Tensor, w: ExpertWeights) -> bool:
@@ -142,11 +128,13 @@ def run_compiled(
 ) -> Tensor:
     """`moe_mlp_cpu` on a variant already chosen, for a call `unsupported` passed (the extension
     still checks the indices and counts)."""
-    out = extension().moe_mlp(
+    _, gu, dn, gu_bias, dn_bias = kernel_view(w)
+    return extension().moe_mlp(
         _as(x, x.dtype), _as(token_idx, torch.long), _as(row_weight, torch.float32),
-        _as(expert_idx, torch.long), _as(counts, torch.long), *kernel_weights(w), variant,
-    )  # [T, H] float32
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+        _as(expert_idx, torch.long), _as(counts, torch.long),
+        *gu, gu_bias, *dn, dn_bias,
+        ACT_CODES[w.activation], w.intermediate_size, variant,
+    )  # [T, H] in x.dtype
 
 
 def _as(t: Tensor, dtype: torch.dtype) -> Tensor:

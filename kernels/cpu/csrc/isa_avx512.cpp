@@ -9,6 +9,19 @@ namespace moemesh_cpu {
 namespace avx512 {
 namespace {
 
+// The bfloat16 bits of the e4m3 magnitudes 0..127 (e = code >> 3, m = code & 7): 2^(e-7) (1 + m/8)
+// for e >= 1, m 2^-9 for e == 0 (subnormals), NaN for 127; every one exact in bfloat16.
+struct E4M3Table {
+  alignas(64) uint16_t v[128];
+  constexpr E4M3Table() : v() {
+    constexpr uint16_t sub[8] = {0, 118 << 7, 119 << 7, (119 << 7) | 0x40, 120 << 7, (120 << 7) | 0x20, (120 << 7) | 0x40, (120 << 7) | 0x60};
+    for (int c = 0; c < 128; ++c) v[c] = c < 8 ? sub[c] : uint16_t(((c >> 3) + 120) << 7 | (c & 7) << 4);
+    v[127] = 0x7FC0;
+  }
+};
+constexpr E4M3Table E4M3_TABLE{};
+const uint16_t* const E4M3_BF16 = E4M3_TABLE.v;
+
 struct V {
   using F = __m512;
   static constexpr int W = 16;  // float32 lanes
@@ -113,7 +126,8 @@ struct V {
 
   // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid, over an NR_-row tile: rows d[j]
   // with their block multipliers s[j] (zeros for 8 past the last block); `ahead` bytes from each
-  // row is the same row of the next tile, prefetched one cache line per step as the tile runs.
+  // row is the same row of a later tile (the caller's prefetch distance), prefetched one cache line
+  // per step as the tile runs.
   // kp elements per row (a multiple of 16); the last step's bytes past the row are not read.
   template <int LPB, int MR, int NR_>
   __attribute__((target("avx512bf16"))) static void e2m1_bf16_tile(const uint8_t* const* d, const float* const* s,
@@ -181,8 +195,9 @@ struct V {
 
   // FP8 (E4M3) weights against activation rows that hold bfloat16 values, where the CPU has
   // AVX512-BF16: every E4M3 value is a bfloat16 value (3 mantissa bits, exponents within range), so
-  // each 32-byte chunk becomes one vector of 32 bfloat16 (fp8_chunk's float16 trick, widened to
-  // float32 and narrowed to bfloat16, both exactly) that vdpbf16ps multiplies exactly; the
+  // each 32-byte chunk becomes one vector of 32 bfloat16 (looked up in E4M3_BF16: two word
+  // permutes, a blend and the sign, in place of widening through float16 and float32) that
+  // vdpbf16ps multiplies exactly; the
   // products of a block's chunks are summed, then scaled once by the block's scale.
   // x: M rows of kp float32 (as prepare_row writes them: as is) -> xb: M rows of kp / 32 bfloat16
   // vectors in element order (row m, chunk c at xb[m * (kp / 32) + c]).
@@ -196,14 +211,16 @@ struct V {
 
   // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid over an NR_-row tile: rows d[j]
   // of k e4m3 bytes (the last chunk's bytes past k are not read) with their scale rows s[j] (one
-  // float per qbk elements; qbk a multiple of 32); `ahead` bytes from each row is the same row of the
-  // next tile, prefetched a cache line per two chunks.
+  // float per qbk elements; qbk a multiple of 32); `ahead` bytes from each row is the same row of a
+  // later tile (the caller's prefetch distance), prefetched a cache line per two chunks.
   template <int MR, int NR_>
   __attribute__((target("avx512bf16"))) static void fp8_bf16_tile(const uint8_t* const* d, const float* const* s,
                                                                   int64_t ahead, int nvalid, const __m512bh* xb,
                                                                   int64_t k, int64_t qbk, float* out, int64_t ldo) {
     const int64_t chunks = (k + 31) / 32, full = k / 32, per_block = qbk / 32;
     const __mmask32 tail = (k % 32) ? __mmask32((1u << (k % 32)) - 1) : ~__mmask32(0);
+    __m512i lut[4];
+    for (int i = 0; i < 4; ++i) lut[i] = _mm512_load_si512(E4M3_BF16 + 32 * i);
     F acc[MR][NR_];
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < NR_; ++j) acc[m][j] = zero();
@@ -222,15 +239,18 @@ struct V {
           } else {
             raw = _mm256_maskz_loadu_epi8(tail, p);
           }
-          // e4m3 -> float16 (value / 2^8) -> float32 -> bfloat16, all exact
-          const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 7), _mm512_set1_epi16(short(0xBFFF)));
-          const __m512bh w = _mm512_cvtne2ps_pbh(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
-                                                 _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+          // e4m3 -> bfloat16 by table: the magnitude's 7 bits pick one of 128 words (two 64-word
+          // lookups, the seventh bit choosing between them), the sign bit is or-ed in
+          const __m512i code = _mm512_cvtepu8_epi16(raw);
+          const __m512i lo = _mm512_permutex2var_epi16(lut[0], code, lut[1]);
+          const __m512i hi = _mm512_permutex2var_epi16(lut[2], code, lut[3]);
+          const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(code, _mm512_set1_epi16(0x40)), lo, hi);
+          const __m512bh w = (__m512bh)_mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(code, 8), _mm512_set1_epi16(short(0x8000)), 0xF8);
           for (int m = 0; m < MR; ++m) t[m][j] = _mm512_dpbf16_ps(t[m][j], w, xb[m * chunks + c]);
         }
       }
       for (int j = 0; j < NR_; ++j) {
-        const F sc = set1(s[j][c0 / per_block] * 256.0f);
+        const F sc = set1(s[j][c0 / per_block]);
         for (int m = 0; m < MR; ++m) acc[m][j] = fma(t[m][j], sc, acc[m][j]);
       }
     }

@@ -298,7 +298,7 @@ void matmul_fmt(const D& d, int64_t n0, int64_t n1, const float* x, int64_t M, i
   std::free(sbuf);
 }
 
-// Requests the bytes of rows [n, n + rows) of d, `bytes` per row: the first tile of a range, which no
+// Requests the bytes of rows [n, n + rows) of d, `bytes` per row: the rows of a range that no
 // earlier tile prefetches as it runs (a work item's range starts cold in a decode step).
 template <class D>
 inline void prefetch_rows(const D& d, int64_t n, int64_t rows, int64_t bytes) {
@@ -306,6 +306,17 @@ inline void prefetch_rows(const D& d, int64_t n, int64_t rows, int64_t bytes) {
     const uint8_t* p = d.row(n + j).d;
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
   }
+}
+
+// How far ahead the quantized decode tiles (4-bit, FP8) prefetch, in bytes of the rows they stream:
+// each step requests the same line of the row QUANT_PREFETCH_BYTES further on (rounded up to whole
+// tiles), and a range's first rows up to that distance are requested up front.
+constexpr int64_t QUANT_PREFETCH_BYTES = 4096;
+
+// Rows ahead for a tile of tr rows of `stride` bytes: at least one tile, at least `bytes`.
+inline int64_t rows_ahead(int64_t stride, int tr, int64_t bytes) {
+  const int64_t rows = stride > 0 ? (bytes + stride - 1) / stride : tr;
+  return (rows + tr - 1) / tr * tr;
 }
 
 // The 4-bit formats (LPB: product lanes per block, see V::e2m1_bf16) on the variant's bfloat16 dot
@@ -325,9 +336,11 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
     const int64_t steps = (kp + VV::BF16_STEP - 1) / VV::BF16_STEP;
     const int64_t per_row = (kb + 8 + 15) / 16 * 16;  // the multipliers, then zeros the last step may read
     float* sbuf = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * TR * per_row));
-    // the first tile's bytes and every row's block scales of the range, requested up front
-    prefetch_rows(d, n0, n1 - n0 < tr ? n1 - n0 : tr, kp / 2);
-    for (int64_t b = 0; b < (n1 - n0) * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n0) + b);
+    // the rows up to the prefetch distance and their block scales, requested up front; then each
+    // tile requests the block scales of the rows `ahead` rows on (the tiles request their bytes)
+    const int64_t ahead = rows_ahead(d.stride, tr, QUANT_PREFETCH_BYTES);
+    prefetch_rows(d, n0, n1 - n0 < ahead ? n1 - n0 : ahead, kp / 2);
+    for (int64_t b = 0; b < (ahead + tr) * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n0) + b);
     auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * 4 * steps * M));
     VV::bf16_x_e2m1(x, ldx, kp, M, xb);
     for (int64_t n = n0; n < n1; n += tr) {
@@ -342,7 +355,8 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
         rd[j] = d.row(nj).d;
         rs[j] = sj;
       }
-      VV::template e2m1_bf16<LPB>(rd, rs, tr * d.stride, nvalid, xb, kp, out + (n - n0), ldo, M);
+      for (int64_t b = 0; b < tr * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n + ahead + tr) + b);
+      VV::template e2m1_bf16<LPB>(rd, rs, ahead * d.stride, nvalid, xb, kp, out + (n - n0), ldo, M);
     }
     std::free(xb);
     std::free(sbuf);
@@ -363,7 +377,8 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
     constexpr int TR = VV::BF16_TILE_ROWS;
     const int tr = VV::bf16_tile_rows(M);
     const int64_t kp = padded_k(k);
-    prefetch_rows(d, n0, n1 - n0 < tr ? n1 - n0 : tr, k);  // the first tile, up front
+    const int64_t ahead = rows_ahead(d.stride, tr, QUANT_PREFETCH_BYTES);
+    prefetch_rows(d, n0, n1 - n0 < ahead ? n1 - n0 : ahead, k);  // the rows up to the prefetch distance, up front
     auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * (kp / 32) * M));
     VV::bf16_x_plain(x, ldx, kp, M, xb);
     for (int64_t n = n0; n < n1; n += tr) {
@@ -375,7 +390,7 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
         rd[j] = r.d;
         rs[j] = r.s;
       }
-      VV::fp8_bf16(rd, rs, tr * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+      VV::fp8_bf16(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
     }
     std::free(xb);
     return true;

@@ -62,11 +62,16 @@ Isa isa_for(const std::string& variant) {
 #endif
 }
 
-// ints: fmt, k, seg_rows, per_seg, qbn, qbk. data [E, N, *]; scale [E, *, *] (or empty); scale2 [E, S] (or empty).
+// ints: fmt, k, seg_rows, per_seg, qbn, qbk. data [E, N, ...] (a row's bytes contiguous: mxfp4 blocks
+// come as stored, [E, N, KB, 16]; any dtype, read as bytes); scale [E, *, *] (or empty); scale2
+// [E, S] (or empty).
 Weights weights_of(const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
                    const at::Tensor& scale2) {
   TORCH_CHECK(ints.size() == 6, "weights: expected 6 ints");
-  TORCH_CHECK(data.dim() == 3 && data.stride(2) == 1, "weights: data must be [E, N, *] with unit stride in the last dim");
+  bool rows_contiguous = data.dim() >= 3 && data.stride(data.dim() - 1) == 1;
+  for (int64_t d = 2; rows_contiguous && d + 1 < data.dim(); ++d)
+    rows_contiguous = data.stride(d) == data.stride(d + 1) * data.size(d + 1);
+  TORCH_CHECK(rows_contiguous, "weights: data must be [E, N, ...] with each row's elements contiguous");
   Weights w{};
   w.fmt = int(ints[0]);
   w.data = data.data_ptr();
@@ -124,7 +129,7 @@ std::vector<int64_t> split_by_cost(const std::vector<int64_t>& costs, int64_t pa
 }
 
 // x [T, H] float32/bfloat16; token_idx [N] int64; row_weight [N] float32; expert_idx [G] int64;
-// counts [G] int64 -> [T, H] float32 (the caller casts to x's dtype).
+// counts [G] int64 -> [T, H] in x's dtype (accumulated in float32).
 at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::Tensor& row_weight,
                    const at::Tensor& expert_idx, const at::Tensor& counts,
                    const std::vector<int64_t>& gu_ints, const at::Tensor& gu_data, const at::Tensor& gu_scale,
@@ -158,7 +163,7 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   TORCH_CHECK_VALUE(row_weight.numel() == N, "row_weight: expected ", N, " values");
   for (int64_t r = 0; r < N; ++r) TORCH_CHECK_VALUE(tok[r] >= 0 && tok[r] < T, "token_idx: indices must lie in [0, ", T, ")");
   at::Tensor out = at::zeros({T, H}, x.options().dtype(at::kFloat));
-  if (N == 0) return out;
+  if (N == 0) return out.to(x.scalar_type());
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
 
   // Gather: each row's token, as float32 in the gate_up format's layout.
@@ -191,13 +196,20 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   }
   const std::vector<int64_t> bounds = split_by_cost(costs, nt);
   at::parallel_for(0, nt, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> gbuf, ubuf, bias(2 * GATE_BLOCK);
+    std::vector<float> gbuf, ubuf, bias;
     for (int64_t p = p0; p < p1; ++p) {
-      for (int64_t it = bounds[p]; it < bounds[p + 1]; ++it) {
-        const Item& item = items[it];
+      // A thread's consecutive items of one expert run as one range of gate columns (and one of up
+      // columns): each projection's rows are then read as one long stream instead of restarting,
+      // cold, every GATE_BLOCK rows (the items only balance the threads' shares).
+      for (int64_t it = bounds[p]; it < bounds[p + 1];) {
+        int64_t last = it;
+        while (last + 1 < bounds[p + 1] && items[last + 1].g == items[it].g && items[last + 1].c0 == items[last].c1) ++last;
+        const Item item{items[it].g, items[it].c0, items[last].c1};
+        it = last + 1;
         const int64_t m = cnt[item.g], r0 = start[item.g], e = ex[item.g], nc = item.c1 - item.c0;
         gbuf.resize(m * nc);
         ubuf.resize(m * nc);
+        bias.resize(2 * nc);
         isa.matmul(gu, e, item.c0, item.c1, xg.data() + r0 * kh, m, kh, gbuf.data(), nc);
         isa.matmul(gu, e, inter + item.c0, inter + item.c1, xg.data() + r0 * kh, m, kh, ubuf.data(), nc);
         bias_into(gu_bias, e, item.c0, nc, bias.data());
@@ -226,34 +238,33 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
     for (int64_t r = r0; r < r1; ++r) isa.prepare_row(dn.fmt, h.data() + r * inter, inter, hp.data() + r * ki);
   });
 
-  // down with the weighted combine: work items are blocks of hidden columns, each over every expert,
-  // so each thread owns its columns of `out` (no two threads add to the same element).
+  // down with the weighted combine: each thread owns a contiguous range of hidden columns (whole
+  // DOWN_BLOCKs) of `out` (no two threads add to the same element) and reads, expert after expert,
+  // that range's rows as one stream; the experts are added in the order of the call, as before.
   const int64_t blocks = (H + DOWN_BLOCK - 1) / DOWN_BLOCK;
   float* o = out.data_ptr<float>();
   at::parallel_for(0, blocks, (blocks + nt - 1) / nt, [&](int64_t b0, int64_t b1) {
-    std::vector<float> ybuf, bias(DOWN_BLOCK);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t c0 = b * DOWN_BLOCK, c1 = std::min(H, c0 + DOWN_BLOCK), nc = c1 - c0;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t m = cnt[g], r0 = start[g], e = ex[g];
-        if (m == 0) continue;
-        ybuf.resize(m * nc);
-        isa.matmul(dn, e, c0, c1, hp.data() + r0 * ki, m, ki, ybuf.data(), nc);
-        bias_into(dn_bias, e, c0, nc, bias.data());
-        for (int64_t i = 0; i < m; ++i) {
-          const int64_t r = r0 + i;
-          float* orow = o + tok[r] * H + c0;
-          const float wgt = rw[r];
-          const float* y = ybuf.data() + i * nc;
-          for (int64_t j = 0; j < nc; ++j) {
-            const float v = y[j] + bias[j];
-            orow[j] += wgt * (bf16 ? round_bf16(v) : v);
-          }
+    const int64_t c0 = b0 * DOWN_BLOCK, c1 = std::min(H, b1 * DOWN_BLOCK), nc = c1 - c0;
+    std::vector<float> ybuf, bias(nc);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t m = cnt[g], r0 = start[g], e = ex[g];
+      if (m == 0) continue;
+      ybuf.resize(m * nc);
+      isa.matmul(dn, e, c0, c1, hp.data() + r0 * ki, m, ki, ybuf.data(), nc);
+      bias_into(dn_bias, e, c0, nc, bias.data());
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t r = r0 + i;
+        float* orow = o + tok[r] * H + c0;
+        const float wgt = rw[r];
+        const float* y = ybuf.data() + i * nc;
+        for (int64_t j = 0; j < nc; ++j) {
+          const float v = y[j] + bias[j];
+          orow[j] += wgt * (bf16 ? round_bf16(v) : v);
         }
       }
     }
   });
-  return out;
+  return out.to(x.scalar_type());
 }
 
 // x [M, K] float32/bfloat16 contiguous; w [N, K] float32/bfloat16 with unit stride along K ->

@@ -7,7 +7,7 @@ import torch
 
 from kernels import ExpertWeights, grouped_expert_mlp, moe_mlp, prepare_experts
 from kernels.cpu import build
-from kernels.cpu.moe_mlp_cpu import MAX_ROWS_PER_EXPERT, compiled_runs, moe_mlp_cpu
+from kernels.cpu.moe_mlp_cpu import MAX_ROWS_PER_EXPERT, compiled_runs, moe_mlp_cpu, unsupported
 from kernels.cpu.variant import VARIANT_ENV, available_variants, selected_variant
 from kernels.experts import apply_activation, dequantized
 from kernels.formats import fp8_block_from_checkpoint, quantize_fp8_block
@@ -278,3 +278,22 @@ def test_a_failed_build_warns_and_leaves_the_torch_path(monkeypatch, tmp_path):
         warnings.simplefilter("always")
         assert build.extension.__wrapped__() is None
     assert any("torch path" in str(c.message) for c in caught)
+
+
+def test_kernel_view_is_built_once_and_again_when_a_projection_is_replaced():
+    variant = variant_or_skip(available_variants()[0] if available_variants() else "avx2")
+    w = weights("mxfp4", torch.bfloat16, 128, 64, e=4)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    token_idx, row_weight = torch.tensor([0, 1, 1]), torch.tensor([1.0, 0.5, 0.5])
+    expert_idx, counts = torch.tensor([0, 3]), torch.tensor([1, 2])
+    first = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    view = w.kernel_view
+    assert view is not None and moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant).equal(first)
+    assert w.kernel_view is view  # the second call reused it
+    other = weights("nvfp4", torch.bfloat16, 128, 64, e=4, seed=1)
+    w.gate_up, w.down = other.gate_up, other.down  # replaced in place: the view follows
+    got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    assert w.kernel_view is not view
+    check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+    w.down = torch.randn(4, 128, 64).half()  # a dtype the kernels do not read: the view says so, naming it
+    assert "down" in (unsupported(x, w) or "")

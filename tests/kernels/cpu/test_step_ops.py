@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from kernels import ExpertWeights
 from kernels.cpu import step_ops
-from kernels.cpu.moe_mlp_cpu import kernel_weights
 from kernels.cpu.variant import VARIANT_ENV, available_variants
 from moemesh.models.attention import paged_attention
 from moemesh.models.batch import BatchMeta, SeqSlice
@@ -132,17 +131,6 @@ def test_where_the_compiled_ops_do_not_run_the_torch_code_does(monkeypatch):
     assert step_ops.route_topk(x, 2, True) is None
     s, h = add_rms_norm(x, x, w, 1e-6)
     assert torch.equal(s, x + x) and torch.equal(h, torch_rms_norm(x + x, w, 1e-6))
-
-
-def test_kernel_weights_are_made_once_per_weights_and_again_when_a_field_is_replaced():
-    w = ExpertWeights(torch.randn(4, 32, 64).to(torch.bfloat16), torch.randn(4, 64, 16).to(torch.bfloat16))
-    first = kernel_weights(w)
-    assert isinstance(first, tuple) and kernel_weights(w) is first
-    w.down = torch.randn(4, 64, 16).to(torch.bfloat16)
-    again = kernel_weights(w)
-    assert again is not first and again[6] is w.down  # (gate_up: ints, data, scale, scale2), bias, (down: ints, data, ...)
-    w.down = torch.randn(4, 64, 16).half()  # a dtype the kernels do not read
-    assert isinstance(kernel_weights(w), str) and "down" in kernel_weights(w)
 
 
 def sdpa_decode(q, k, v, meta, k_cache, v_cache):
