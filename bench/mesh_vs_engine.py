@@ -37,19 +37,11 @@ if __name__ == "__main__":  # as a script: the repository root instead of bench/
     _root = Path(__file__).resolve().parent.parent
     sys.path[:] = [str(_root)] + [p for p in sys.path if Path(p or ".").resolve() != _root / "bench"]
 
+from bench.args import positive_ints
 from bench.shapes import SHAPES, checkpoint_dir
 
 TARGET_RATIO = 0.7
 
-
-def positive_ints(value: str) -> tuple[int, ...]:
-    try:
-        items = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-    if not items or min(items) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {value!r}")
-    return items
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -36,6 +36,7 @@ if __name__ == "__main__":  # as a script: the repository root instead of bench/
 
 import torch
 
+from bench.args import positive_ints
 from bench.shapes import SHAPES, checkpoint_dir
 from moemesh.launcher.child import Child, stop_all
 from moemesh.launcher.cpu_budget import CpuBudgets
@@ -55,15 +56,6 @@ TOKEN = secrets.token_urlsafe(32)  # the mesh token of the server this benchmark
 RPC = RpcConfig(security=SecurityConfig(mesh_token=TOKEN))
 WORK = ("requests", "cpu_seconds", "compute_cpu_seconds", "call_cpu_seconds")
 
-
-def positive_ints(value: str) -> tuple[int, ...]:
-    try:
-        items = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-    if not items or min(items) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {value!r}")
-    return items
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

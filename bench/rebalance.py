@@ -46,6 +46,7 @@ if __name__ == "__main__":  # as a script: the repository root instead of bench/
 
 import grpc
 
+from bench.args import positive_ints_or_none
 from bench.shapes import SHAPES, checkpoint_dir
 from moemesh.contracts.wire import control_grpc, control_pb2
 from moemesh.launcher.child import Child, stop_all
@@ -69,15 +70,6 @@ BENCH_TOKEN = secrets.token_urlsafe(32)  # the mesh token of the services this b
 BENCH_RPC = RpcConfig(security=SecurityConfig(mesh_token=BENCH_TOKEN))
 
 
-def positive_ints(value: str) -> tuple[int, ...]:
-    try:
-        items = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
-    if min(items, default=1) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {value!r}")
-    return items
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--warmup-s", type=float, default=10.0, help="seconds of streaming before the measured phases")
     p.add_argument("--phase-s", type=float, default=20.0, help="seconds of each measured phase (and the servers' load window)")
-    p.add_argument("--top-k-phases", type=positive_ints, default=(8, 4, 8), help="top-k of each phase after the rebalance ('' = none)")
+    p.add_argument("--top-k-phases", type=positive_ints_or_none, default=(8, 4, 8), help="top-k of each phase after the rebalance ('' = none)")
     p.add_argument("--attention-threads", type=int, default=1, help="torch threads of the attention replica")
     p.add_argument("--transport", choices=("grpc", "dist"), default="grpc", help="attention <-> expert transport")
     p.add_argument("--start-timeout-s", type=float, default=300.0)

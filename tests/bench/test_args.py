@@ -125,3 +125,18 @@ def test_quota_call_cpu_defaults_and_rejects(capsys):
         with pytest.raises(SystemExit) as e:
             quota_call_cpu.parse_args(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_shared_integer_list_types():
+    import argparse
+
+    from bench.args import positive_ints, positive_ints_or_none
+
+    assert positive_ints("1, 16") == (1, 16) and positive_ints_or_none("8,4,8") == (8, 4, 8)
+    assert positive_ints_or_none("") == ()
+    for bad in ("", "0,4", "a"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_ints(bad)
+    for bad in ("0", "x,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_ints_or_none(bad)
