@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from control_svc.cost_model import WorkSample
 from moemesh.errors import invalid
 
 MAX_WINDOW_S = 3600.0  # the longest load window a heartbeat may claim
@@ -64,3 +65,9 @@ def bounded_stats(stats, layers: Sequence[int], num_experts: int, max_tokens_per
         setattr(work, name, min(value, work.seconds * MAX_CPUS) if math.isfinite(value) and value > 0 else 0.0)
     work.cpu_limit = min(work.cpu_limit, MAX_CPUS) if math.isfinite(work.cpu_limit) and work.cpu_limit > 0 else 0.0
     return out
+
+
+def work_sample(w) -> WorkSample:
+    """A heartbeat's moemesh.v1.ExpertWork (after `bounded_stats`) -> the cost model's WorkSample."""
+    return WorkSample(w.seconds, w.requests, w.expert_calls, w.rows, w.busy_seconds, w.service_seconds, w.cpu_seconds, w.cpu_limit,
+                      w.compute_cpu_seconds, w.call_cpu_seconds, w.change_cpu_seconds)

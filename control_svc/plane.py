@@ -37,7 +37,7 @@ import torch
 from control_svc.board import PlacementBoard, PlacementView
 from control_svc.config import ControlConfig
 from control_svc.cost_model import ExpertShape, Prediction, WorkSample, calibrate, predict, rows_per_step
-from control_svc.load import bounded_stats, window_load
+from control_svc.load import bounded_stats, window_load, work_sample
 from control_svc.placement import (
     CostInputs, RebalancePlan, ServerBudget, balancedness, evacuate, initial_placement, plan_rebalance,
 )
@@ -200,7 +200,7 @@ class ControlPlane:
             self.note_version(adopted_version)
         rec = self.registry.experts.get(id_) if known else None
         if rec is not None and rec.info.state == "serving" and stats is not None and stats.HasField("window_work"):
-            self.history.record(id_, _work_sample(stats.window_work), self.registry.clock())
+            self.history.record(id_, work_sample(stats.window_work), self.registry.clock())
         return known
 
     # ---- load and balance --------------------------------------------------------------------
@@ -227,16 +227,14 @@ class ControlPlane:
         out = {}
         for rec in self.registry.experts.values():
             if rec.info.state == "serving" and rec.stats is not None and rec.stats.HasField("window_work"):
-                out[rec.info.server_id] = _work_sample(rec.stats.window_work)
+                out[rec.info.server_id] = work_sample(rec.stats.window_work)
         return out
 
     def cost_inputs(self, view: PlacementView) -> CostInputs:
         """The cost model as the servers' reports calibrate it, for the knobs of `view`."""
         top_k = view.knobs.effective(self.moe_layers[0], self.shape.top_k)[0]
         work = self.work()
-        # the earlier windows, without the current one (the last kept may be it)
-        history = {sid: [h for h in kept if h != work.get(sid)] for sid, kept in self.history.windows().items()}
-        costs = calibrate(work, self.shape, len(self.moe_layers), history=history)
+        costs = calibrate(work, self.shape, len(self.moe_layers), history=self.history.earlier(work))
         if costs.cpu_servers:
             log.info("cost model: a call's CPU outside the kernel %s + %.1f us a row (%s)",
                      ", ".join(f"{sid} {1e3 * c.call_s:.2f} ms" for sid, c in sorted(costs.cpu_servers.items())), 1e6 * costs.call_row_s,
@@ -525,8 +523,3 @@ class ControlPlane:
             except Exception as e:  # noqa: BLE001 - the next period tries again
                 log.warning("periodic rebalance failed: %s", e)
 
-
-def _work_sample(w: Any) -> WorkSample:
-    """ExpertStats.window_work -> WorkSample."""
-    return WorkSample(w.seconds, w.requests, w.expert_calls, w.rows, w.busy_seconds, w.service_seconds, w.cpu_seconds, w.cpu_limit,
-                      w.compute_cpu_seconds, w.call_cpu_seconds, w.change_cpu_seconds)

@@ -35,3 +35,7 @@ class WorkHistory:
 
     def windows(self) -> dict[str, list[WorkSample]]:
         return {sid: [s for _, s in kept] for sid, kept in self._kept.items()}
+
+    def earlier(self, current: dict[str, WorkSample]) -> dict[str, list[WorkSample]]:
+        """windows() without each server's `current` window (the last kept may be it)."""
+        return {sid: [s for s in kept if s != current.get(sid)] for sid, kept in self.windows().items()}
