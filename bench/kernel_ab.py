@@ -44,7 +44,7 @@ import kernels.cpu.moe_mlp_cpu as moe_mlp_cpu_module
 from bench.kernel_formats import routing
 from kernels import ExpertWeights, prepare_experts
 from kernels.hugepages import experts_in_huge_pages, to_huge_pages
-from kernels.cpu.build import CFLAGS, CSRC, HEADERS, SOURCES, cache_root, extension
+from kernels.cpu.build import CFLAGS, CSRC, SOURCES, cache_root, extension
 
 ROUTINGS = 16
 
@@ -70,12 +70,16 @@ def build_revision(rev: str):
     sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", rev], check=True, capture_output=True, text=True).stdout.strip()
     where = cache_root() / f"kernel_ab-{sha}"
     where.mkdir(parents=True, exist_ok=True)
-    for name in SOURCES + HEADERS:
+    # every file of the revision's csrc (its headers may differ from this checkout's), and the sources
+    # of this checkout's list that it has
+    listed = subprocess.run(["git", "-C", str(repo), "ls-tree", "--name-only", f"{rev}:{rel}"], check=True, capture_output=True,
+                            text=True).stdout.split()
+    for name in listed:
         text = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}/{name}"], check=True, capture_output=True).stdout
         if not (where / name).exists() or (where / name).read_bytes() != text:  # unchanged sources: ninja has nothing to do
             (where / name).write_bytes(text)
     ext = cpp_extension.load(
-        name=f"moemesh_cpu_{sha}", sources=[str(where / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+        name=f"moemesh_cpu_{sha}", sources=[str(where / s) for s in SOURCES if s in listed], extra_cflags=list(CFLAGS),
         build_directory=str(where), verbose=False,
     )
     # the revision's Python side of the call too (what a step pays per call), on its own build

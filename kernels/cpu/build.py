@@ -36,7 +36,7 @@ log = logging.getLogger("kernels.cpu")
 NAME = "moemesh_cpu_kernels"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("moe_cpu.cpp", "isa_avx512.cpp", "isa_avx2.cpp", "step_ops.cpp")
-HEADERS = ("api.h", "kernel_impl.h")
+HEADERS = ("api.h", "kernel_impl.h", "attention_impl.h")
 CFLAGS = ("-O3", "-std=c++17", "-fno-math-errno")
 CACHE_ENV = "MOEMESH_KERNEL_CACHE"
 

@@ -80,7 +80,8 @@ def decode_attention(
     """One query token per sequence: q [B, NH, D], k / v [B, KVH, D] (unit stride along D) -> [B, NH, D]
     contiguous; writes k / v into k_cache / v_cache [blocks, BS, KVH, D] at slots [B] first, then
     attends over each sequence's blocks tables [B, NB] where mask [B, NB*BS] is true (scale D^-0.5),
-    as moemesh.models.attention.paged_attention's decode rows (SDPA) compute it. None where it does
+    as moemesh.models.attention.paged_attention's decode rows (SDPA) compute it, on the selected
+    variant's inner loops (the plain C++ ones for a head dim they do not take). None where it does
     not run."""
     ext = _ext_for(q)
     if (
@@ -89,7 +90,7 @@ def decode_attention(
         or v.stride(-1) != 1 or k_cache.device.type != "cpu" or v_cache.device.type != "cpu"
     ):
         return None
-    return ext.decode_attention(q, k, v, k_cache, v_cache, slots, tables, mask)
+    return ext.decode_attention(q, k, v, k_cache, v_cache, slots, tables, mask, selected_variant())
 
 
 def route_topk(router_logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:

@@ -44,6 +44,24 @@ struct Weights {
 // same bytes meet their activations without a shuffle; the other formats take the row as is.
 static inline int64_t padded_k(int64_t k) { return (k + 31) / 32 * 32; }
 
+// Decode attention's inner loops (step_ops.cpp drives them), over cached key/value rows of d
+// elements (float32, or bfloat16 bits where bf16 != 0), row j at rows + j * ld elements. The ISA
+// units take d a multiple of ATTN_D_MULTIPLE; step_ops.cpp has plain versions for any d.
+constexpr int64_t ATTN_D_MULTIPLE = 16;
+constexpr int64_t ATTN_ROWS = 8;  // key rows a score block converts at once: scratch holds ATTN_ROWS * d floats
+#define ATTENTION_FUNCTIONS                                                                          \
+  /* s[g * lds + j] = scale * sum_e q[g * d + e] * k_j[e] for g < group, j < n */                     \
+  void attn_scores(const float* q, int64_t group, int64_t d, const void* k, int64_t ld, int bf16, int64_t n, \
+                   float scale, float* s, int64_t lds, float* scratch);                              \
+  /* max of s[j] for j < n (n >= 1) */                                                               \
+  float attn_max(const float* s, int64_t n);                                                         \
+  /* s[j] = exp(s[j] - m) for j < n (rounded to bfloat16 where round_bf16 != 0); the sum of the     \
+     unrounded values */                                                                             \
+  float attn_exp(float* s, int64_t n, float m, int round_bf16);                                      \
+  /* acc[g * d + e] += p[g * ldp + j] * v_j[e] for g < group, j < n, e < d */                         \
+  void attn_values(const float* p, int64_t ldp, int64_t group, const void* v, int64_t ld, int bf16, int64_t n, \
+                   int64_t d, float* acc);
+
 // The functions each ISA unit defines, in namespace moemesh_cpu::<isa>.
 #define MOEMESH_ISA_FUNCTIONS                                                                        \
   /* out[m * ldo + (n - n0)] = sum_k x[m * ldx + k] * W[e, n, k] for m < M, n0 <= n < n1 */          \
@@ -52,7 +70,8 @@ static inline int64_t padded_k(int64_t k) { return (k + 31) / 32 * 32; }
   /* h[i] = act(g[i], u[i]) for i < count */                                                         \
   void activation(int act, const float* g, const float* u, float* h, int64_t count);                 \
   /* src [k] -> dst [padded_k(k)] in the layout the format's kernels read */                       \
-  void prepare_row(int fmt, const float* src, int64_t k, float* dst);
+  void prepare_row(int fmt, const float* src, int64_t k, float* dst);                                 \
+  ATTENTION_FUNCTIONS
 
 #ifdef MOEMESH_X86_KERNELS
 namespace avx512 { MOEMESH_ISA_FUNCTIONS }

@@ -37,6 +37,31 @@ struct V {
     return _mm256_castsi256_ps(_mm256_slli_epi32(i, 23));
   }
 
+  // W bfloat16 -> W float32
+  static F load_bf16(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  // v rounded to the nearest bfloat16 (ties to even), as float32; v finite
+  static F round_bf16(F v) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xFFFF0000u))));
+  }
+  // out[i] = the sum of a[i]'s lanes for i < 8 (pairwise horizontal adds, then the two halves)
+  static void hsum8(const F* a, float* out) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31)));
+  }
+  static float hmax(F v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+  }
+
   static void bf16_chunk(const uint16_t* p, F* out) {
     for (int v = 0; v < 4; ++v) {
       const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * v)));
@@ -95,5 +120,6 @@ struct V {
 
 #define MOEMESH_ISA avx2
 #include "kernel_impl.h"
+#include "attention_impl.h"
 #pragma GCC pop_options
 #endif

@@ -45,6 +45,28 @@ struct V {
     return _mm512_castsi512_ps(_mm512_slli_epi32(i, 23));
   }
 
+  // W bfloat16 -> W float32 (a bfloat16 is the high half of its float32).
+  static F load_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  // v rounded to the nearest bfloat16 (ties to even), as float32; v finite
+  static F round_bf16(F v) {
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xFFFF0000u))));
+  }
+  // out[i] = the sum of a[i]'s lanes for i < 8: each folded to 8 lanes, then pairwise horizontal adds
+  static void hsum8(const F* a, float* out) {
+    __m256 h[8];
+    for (int i = 0; i < 8; ++i) h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm512_extractf32x8_ps(a[i], 1));
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31)));
+  }
+  static float hmax(F v) { return _mm512_reduce_max_ps(v); }
+
   // 32 bfloat16 -> 2 x 16 float32 (a bfloat16 is the high half of its float32).
   static void bf16_chunk(const uint16_t* p, F* out) {
     for (int v = 0; v < 2; ++v) {
@@ -298,5 +320,6 @@ struct V {
 
 #define MOEMESH_ISA avx512
 #include "kernel_impl.h"
+#include "attention_impl.h"
 #pragma GCC pop_options
 #endif

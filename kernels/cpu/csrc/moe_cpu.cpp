@@ -315,6 +315,8 @@ std::vector<std::string> variants() {
 
 }  // namespace
 
+bool supports_variant(const std::string& variant) { return supports(variant); }
+
 void bind_step_ops(pybind11::module_& m);  // step_ops.cpp
 }  // namespace moemesh_cpu
 

@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,9 @@
 #endif
 
 namespace moemesh_cpu {
+
+bool supports_variant(const std::string& variant);  // moe_cpu.cpp: the CPU and build run it
+
 namespace {
 
 inline float to_float(float v) { return v; }
@@ -268,8 +273,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route_topk(const at::
   return {token_idx, weights, expert_ids, counts};
 }
 
-// The decode attention's inner loops on float32 rows, compiled for AVX-512, AVX2 and the x86-64
-// baseline and chosen at load time by the CPU (GCC function multi-versioning).
+// The decode attention's plain C++ inner loops (api.h: ATTENTION_FUNCTIONS), for head dims the ISA
+// units do not take (not a multiple of ATTN_D_MULTIPLE) and for MOEMESH's "plain" variant; compiled
+// for AVX-512, AVX2 and the x86-64 baseline and chosen at load time by the CPU (GCC function
+// multi-versioning).
 #ifdef MOEMESH_STEP_OPS_CLONES
 #define STEP_OPS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -300,7 +307,96 @@ STEP_OPS_CLONES void axpys(const float* p, int64_t ld, int64_t group, const floa
   }
 }
 
-// One decode step's attention over the paged KV cache// One decode step's attention over the paged KV cache, for B sequences of one query token each (the
+// row j of rows (float32, or bfloat16 where bf16) -> out [d] float32
+void row_to_float(const void* rows, int64_t off, int bf16, int64_t d, float* out) {
+  if (bf16) {
+    const c10::BFloat16* r = static_cast<const c10::BFloat16*>(rows) + off;
+    for (int64_t e = 0; e < d; ++e) out[e] = static_cast<float>(r[e]);
+  } else {
+    const float* r = static_cast<const float*>(rows) + off;
+    std::copy(r, r + d, out);
+  }
+}
+
+void plain_scores(const float* q, int64_t group, int64_t d, const void* k, int64_t ld, int bf16, int64_t n, float scale,
+                  float* s, int64_t lds, float* scratch) {
+  for (int64_t j = 0; j < n; ++j) {
+    row_to_float(k, j * ld, bf16, d, scratch);
+    dots(q, group, scratch, d, scale, s + j, lds);
+  }
+}
+
+float plain_max(const float* s, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+float plain_exp(float* s, int64_t n, float m, int round_bf16) {
+  float total = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = std::exp(s[j] - m);
+    total += e;
+    s[j] = round_bf16 ? round_to<c10::BFloat16>(e) : e;
+  }
+  return total;
+}
+
+void plain_values(const float* p, int64_t ldp, int64_t group, const void* v, int64_t ld, int bf16, int64_t n, int64_t d,
+                  float* acc) {
+  std::vector<float> row(d);
+  for (int64_t j = 0; j < n; ++j) {
+    row_to_float(v, j * ld, bf16, d, row.data());
+    axpys(p + j, ldp, group, row.data(), d, acc);
+  }
+}
+
+struct AttnFns {
+  void (*scores)(const float*, int64_t, int64_t, const void*, int64_t, int, int64_t, float, float*, int64_t, float*);
+  float (*max)(const float*, int64_t);
+  float (*exp)(float*, int64_t, float, int);
+  void (*values)(const float*, int64_t, int64_t, const void*, int64_t, int, int64_t, int64_t, float*);
+};
+
+// The inner loops of `variant` ("avx512", "avx2", or "plain") for head dim d: the plain ones where the
+// variant's do not take d.
+AttnFns attn_fns(const std::string& variant, int64_t d) {
+  const AttnFns plain{plain_scores, plain_max, plain_exp, plain_values};
+  if (variant == "plain") return plain;
+  TORCH_CHECK(supports_variant(variant), "variant: ", variant, " is not supported by this CPU or build");
+#ifdef MOEMESH_X86_KERNELS
+  if (d % ATTN_D_MULTIPLE == 0) {
+    if (variant == "avx512") return {avx512::attn_scores, avx512::attn_max, avx512::attn_exp, avx512::attn_values};
+    return {avx2::attn_scores, avx2::attn_max, avx2::attn_exp, avx2::attn_values};
+  }
+#endif
+  return plain;
+}
+
+// Cached rows [a, a + len) of a sequence's attended positions (counted in order, masked ones skipped)
+// are the consecutive cache rows [pos, pos + len) (block * BS + offset): one block's rows, read as a run.
+struct Run {
+  int64_t a, pos, len;
+};
+
+// A work item: attended positions [a0, a1) of sequence item / KVH against key/value head item % KVH,
+// with the item's G query heads side by side (each cached row is read once for all of them).
+struct Unit {
+  int64_t item, a0, a1;
+};
+
+// Each of the unit's runs as (first attended index, cache row, rows), clipped to [a0, a1).
+template <typename Fn>
+void for_runs(const std::vector<Run>& runs, int64_t r0, int64_t r1, int64_t a0, int64_t a1, Fn fn) {
+  int64_t r = std::upper_bound(runs.begin() + r0, runs.begin() + r1, a0, [](int64_t a, const Run& x) { return a < x.a; }) -
+              runs.begin() - 1;
+  for (; r < r1 && runs[r].a < a1; ++r) {
+    const int64_t lo = std::max(a0, runs[r].a), hi = std::min(a1, runs[r].a + runs[r].len);
+    if (hi > lo) fn(lo, runs[r].pos + (lo - runs[r].a), hi - lo);
+  }
+}
+
+// One decode step's attention over the paged KV cache, for B sequences of one query token each (the
 // decode rows of moemesh/models/attention.paged_attention):
 //   q [B, NH, D], k / v [B, KVH, D] this step's keys and values (unit stride along D), written first
 //   into k_cache / v_cache [NBLK, BS, KVH, D] (contiguous) at slots [B] (flat block * BS + offset);
@@ -308,9 +404,16 @@ STEP_OPS_CLONES void axpys(const float* p, int64_t ld, int64_t group, const floa
 // Query head h reads key/value head h / (NH / KVH). Scores in float32 scaled by D^-0.5, softmax over
 // the attended positions, the probabilities rounded to the dtype before they weight V (as torch's
 // CPU flash-attention kernel, which SDPA runs here, rounds them), divided by their float32 sum.
+//
+// Work split: each (sequence, key/value head) item's attended positions are cut into units of about
+// equal size, enough of them to keep every thread busy at batch 1. Two passes over the units: the
+// scores (and each unit's maximum), then, against the item's maximum over all its units, the
+// exponentials, their sum and p.V. Every probability is thus exp(score - the global maximum), rounded
+// where the single-pass softmax rounds it; only the order of the float32 sums differs (the units'
+// partial sums and accumulators are added at the end).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& tables,
-                            const at::Tensor& mask) {
+                            const at::Tensor& mask, const std::string& variant) {
   const auto dt = q.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "q: expected float32 or bfloat16, got ", dt);
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v: expected [B, heads, D]");
@@ -333,6 +436,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == b_n && mask.size(1) == s_n &&
                   mask.is_contiguous(),
               "mask: expected [", b_n, ", ", s_n, "] bool");
+  const AttnFns fns = attn_fns(variant, d);
   const int64_t* sl = slots.data_ptr<int64_t>();
   const int64_t* tb = tables.data_ptr<int64_t>();
   for (int64_t i = 0; i < b_n; ++i) TORCH_CHECK(sl[i] >= 0 && sl[i] < nblk * bs, "slots: ", sl[i], " out of range");
@@ -341,6 +445,47 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const bool* mp = mask.data_ptr<bool>();
   const int64_t group = nh / kvh, row = kvh * d;  // cache elements per position
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+
+  // each sequence's attended positions as runs of consecutive rows of one block
+  std::vector<Run> runs;
+  std::vector<int64_t> run_begin(b_n + 1, 0), n_att(b_n, 0);
+  for (int64_t i = 0; i < b_n; ++i) {
+    run_begin[i] = static_cast<int64_t>(runs.size());
+    int64_t a = 0;
+    for (int64_t j = 0; j < s_n; ++j) {
+      if (!mp[i * s_n + j]) continue;
+      const int64_t pos = tb[i * nb + j / bs] * bs + j % bs;
+      if (runs.size() > static_cast<size_t>(run_begin[i]) && j % bs != 0 && runs.back().pos + runs.back().len == pos &&
+          mp[i * s_n + j - 1])
+        ++runs.back().len;
+      else
+        runs.push_back({a, pos, 1});
+      ++a;
+    }
+    n_att[i] = a;
+  }
+  run_begin[b_n] = static_cast<int64_t>(runs.size());
+
+  // units of about equal size, about 4 per thread in all (at least 64 positions each)
+  const int64_t items = b_n * kvh, nt = std::max<int64_t>(1, at::get_num_threads());
+  int64_t total_rows = 0;
+  for (int64_t i = 0; i < b_n; ++i) total_rows += n_att[i] * kvh;
+  const int64_t chunk = std::max<int64_t>(64, (total_rows + 4 * nt - 1) / (4 * nt));
+  std::vector<Unit> units;
+  std::vector<int64_t> unit_begin(items + 1, 0), sc_off(items + 1, 0);
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t n = n_att[it / kvh];
+    unit_begin[it] = static_cast<int64_t>(units.size());
+    const int64_t parts = (n + chunk - 1) / chunk;
+    for (int64_t p = 0; p < parts; ++p) units.push_back({it, n * p / parts, n * (p + 1) / parts});
+    sc_off[it + 1] = sc_off[it] + group * n;
+  }
+  unit_begin[items] = static_cast<int64_t>(units.size());
+  const int64_t u_n = static_cast<int64_t>(units.size());
+  std::vector<float> sc(sc_off[items]);          // per item [G, n] scores, then probabilities
+  std::vector<float> umax(u_n * group), usum(u_n * group), uacc(u_n * group * d), gmax(items * group);
+  const int64_t grain = total_rows * group * d < (1 << 16) ? std::max<int64_t>(u_n, 1) : 1;  // small steps on one thread
+
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dt, "decode_attention", [&] {
     scalar_t* kc = k_cache.data_ptr<scalar_t>();
     scalar_t* vc = v_cache.data_ptr<scalar_t>();
@@ -351,53 +496,63 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         std::copy(ks, ks + d, kc + sl[i] * row + h * d);
         std::copy(vs, vs + d, vc + sl[i] * row + h * d);
       }
+    const int bf16 = std::is_same<scalar_t, c10::BFloat16>::value;
     const scalar_t* qp = q.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    const int64_t items = b_n * kvh, work = s_n * d * group;
-    const int64_t grain = work * items < (1 << 16) ? items : 1;  // small steps on one thread
-    at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
-      // per work item (sequence i, key/value head h): its `group` query heads side by side, so that each
-      // cached key and value row is read and converted once for all of them
-      std::vector<float> sc(group * s_n), qf(group * d), acc(group * d), row_f(d), m(group), sum(group);
-      std::vector<int64_t> pos;  // attended positions, as cache element offsets of head h
-      for (int64_t it = i0; it < i1; ++it) {
-        const int64_t i = it / kvh, h = it % kvh;
-        pos.clear();
-        for (int64_t j = 0; j < s_n; ++j)
-          if (mp[i * s_n + j]) pos.push_back((tb[i * nb + j / bs] * bs + j % bs) * row + h * d);
-        const int64_t n = static_cast<int64_t>(pos.size());
+    // pass 1: scores of each unit's positions, and the unit's maximum per query head
+    at::parallel_for(0, u_n, grain, [&](int64_t u0, int64_t u1) {
+      std::vector<float> qf(group * d), scratch(ATTN_ROWS * d);
+      for (int64_t u = u0; u < u1; ++u) {
+        const Unit& un = units[u];
+        const int64_t i = un.item / kvh, h = un.item % kvh, n = n_att[i];
         for (int64_t g = 0; g < group; ++g) {
           const scalar_t* qr = qp + i * q.stride(0) + (h * group + g) * q.stride(1);
           for (int64_t e = 0; e < d; ++e) qf[g * d + e] = to_float(qr[e]);
         }
-        for (int64_t j = 0; j < n; ++j) {
-          const scalar_t* kr = kc + pos[j];
-          for (int64_t e = 0; e < d; ++e) row_f[e] = to_float(kr[e]);
-          dots(qf.data(), group, row_f.data(), d, scale, sc.data() + j, s_n);
-        }
-        for (int64_t g = 0; g < group; ++g) {
-          float mx = -INFINITY;
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[g * s_n + j]);
-          float total = 0.f;
-          for (int64_t j = 0; j < n; ++j) {
-            const float e = std::exp(sc[g * s_n + j] - mx);
-            total += e;
-            sc[g * s_n + j] = round_to<scalar_t>(e);  // the probability as it weights V
-          }
-          sum[g] = total;
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0; j < n; ++j) {
-          const scalar_t* vr = vc + pos[j];
-          for (int64_t e = 0; e < d; ++e) row_f[e] = to_float(vr[e]);
-          axpys(sc.data() + j, s_n, group, row_f.data(), d, acc.data());
-        }
-        for (int64_t g = 0; g < group; ++g) {
-          scalar_t* o = op + (i * nh + h * group + g) * d;
-          for (int64_t c = 0; c < d; ++c) o[c] = from_float<scalar_t>(n == 0 ? 0.f : acc[g * d + c] / sum[g]);
-        }
+        float* s = sc.data() + sc_off[un.item];
+        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, [&](int64_t a, int64_t pos, int64_t len) {
+          fns.scores(qf.data(), group, d, kc + pos * row + h * d, row, bf16, len, scale, s + a, n, scratch.data());
+        });
+        for (int64_t g = 0; g < group; ++g) umax[u * group + g] = fns.max(s + g * n + un.a0, un.a1 - un.a0);
       }
     });
+    for (int64_t it = 0; it < items; ++it)
+      for (int64_t g = 0; g < group; ++g) {
+        float m = -INFINITY;
+        for (int64_t u = unit_begin[it]; u < unit_begin[it + 1]; ++u) m = std::max(m, umax[u * group + g]);
+        gmax[it * group + g] = m;
+      }
+    // pass 2: probabilities against the item's maximum, their sums and p.V per unit
+    at::parallel_for(0, u_n, grain, [&](int64_t u0, int64_t u1) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const Unit& un = units[u];
+        const int64_t i = un.item / kvh, h = un.item % kvh, n = n_att[i];
+        float* s = sc.data() + sc_off[un.item];
+        for (int64_t g = 0; g < group; ++g)
+          usum[u * group + g] = fns.exp(s + g * n + un.a0, un.a1 - un.a0, gmax[un.item * group + g], bf16);
+        float* acc = uacc.data() + u * group * d;
+        std::fill(acc, acc + group * d, 0.f);
+        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, [&](int64_t a, int64_t pos, int64_t len) {
+          fns.values(s + a, n, group, vc + pos * row + h * d, row, bf16, len, d, acc);
+        });
+      }
+    });
+    // the units' partial sums and accumulators added, in unit order
+    scalar_t* op = out.data_ptr<scalar_t>();
+    std::vector<float> acc(d);
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t i = it / kvh, h = it % kvh;
+      for (int64_t g = 0; g < group; ++g) {
+        float total = 0.f;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t u = unit_begin[it]; u < unit_begin[it + 1]; ++u) {
+          total += usum[u * group + g];
+          const float* a = uacc.data() + (u * group + g) * d;
+          for (int64_t e = 0; e < d; ++e) acc[e] += a[e];
+        }
+        scalar_t* o = op + (i * nh + h * group + g) * d;
+        for (int64_t e = 0; e < d; ++e) o[e] = from_float<scalar_t>(n_att[i] == 0 ? 0.f : acc[e] / total);
+      }
+    }
   });
   return out;
 }
@@ -413,7 +568,8 @@ void bind_step_ops(pybind11::module_& m) {
   m.def("qk_norm_rope", &qk_norm_rope, "heads [T, R, D] -> per-row RMSNorm * weight [R, D], then rope with cos, sin_signed [T, D]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("decode_attention", &decode_attention,
-        "q [B, NH, D], k, v [B, KVH, D] -> [B, NH, D]: this step's keys and values written into the paged cache, then attention over it",
+        "q [B, NH, D], k, v [B, KVH, D] -> [B, NH, D]: this step's keys and values written into the paged cache, then attention "
+        "over it, on the inner loops of variant (avx512, avx2, plain)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("route_topk", &route_topk, "router_logits [T, E] -> softmax top-k dropless plan (token_idx, weights, expert_ids, counts)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
