@@ -379,20 +379,38 @@ struct Run {
   int64_t a, pos, len;
 };
 
-// A work item: attended positions [a0, a1) of sequence item / KVH against key/value head item % KVH,
-// with the item's G query heads side by side (each cached row is read once for all of them).
+// A work item: attended positions [a0, a1) of sequence `item`, for every key/value head and its G query
+// heads (each cached row is read once for all of them).
 struct Unit {
   int64_t item, a0, a1;
 };
 
-// Each of the unit's runs as (first attended index, cache row, rows), clipped to [a0, a1).
+// fn(first attended index, cache row, rows) for each of the runs [r0, r1) that meet [a0, a1), clipped to
+// it. Each run's rows (every head: row_bytes per position, from base) are requested before fn reads them,
+// the next run's while fn reads the current one: a run is one block, anywhere in memory, which the
+// hardware prefetchers do not foresee.
 template <typename Fn>
-void for_runs(const std::vector<Run>& runs, int64_t r0, int64_t r1, int64_t a0, int64_t a1, Fn fn) {
+void for_runs(const std::vector<Run>& runs, int64_t r0, int64_t r1, int64_t a0, int64_t a1, const void* base,
+              int64_t row_bytes, Fn fn) {
   int64_t r = std::upper_bound(runs.begin() + r0, runs.begin() + r1, a0, [](int64_t a, const Run& x) { return a < x.a; }) -
               runs.begin() - 1;
+  const auto clipped = [&](int64_t x, int64_t& lo, int64_t& hi) {
+    if (x >= r1 || runs[x].a >= a1) return false;
+    lo = std::max(a0, runs[x].a);
+    hi = std::min(a1, runs[x].a + runs[x].len);
+    return hi > lo;
+  };
+  const auto request = [&](int64_t x) {
+    int64_t lo, hi;
+    if (!clipped(x, lo, hi)) return;
+    const char* p = static_cast<const char*>(base) + (runs[x].pos + (lo - runs[x].a)) * row_bytes;
+    for (int64_t b = 0; b < (hi - lo) * row_bytes; b += 64) __builtin_prefetch(p + b);
+  };
+  request(r);
   for (; r < r1 && runs[r].a < a1; ++r) {
-    const int64_t lo = std::max(a0, runs[r].a), hi = std::min(a1, runs[r].a + runs[r].len);
-    if (hi > lo) fn(lo, runs[r].pos + (lo - runs[r].a), hi - lo);
+    request(r + 1);
+    int64_t lo, hi;
+    if (clipped(r, lo, hi)) fn(lo, runs[r].pos + (lo - runs[r].a), hi - lo);
   }
 }
 
@@ -405,9 +423,10 @@ void for_runs(const std::vector<Run>& runs, int64_t r0, int64_t r1, int64_t a0, 
 // the attended positions, the probabilities rounded to the dtype before they weight V (as torch's
 // CPU flash-attention kernel, which SDPA runs here, rounds them), divided by their float32 sum.
 //
-// Work split: each (sequence, key/value head) item's attended positions are cut into units of about
-// equal size, enough of them to keep every thread busy at batch 1. Two passes over the units: the
-// scores (and each unit's maximum), then, against the item's maximum over all its units, the
+// Work split: each sequence's attended positions are cut into units of about equal size (every head
+// of them in one unit, so that a unit reads whole cached rows, one block after another), enough of
+// them to keep every thread busy at batch 1. Two passes over the units: the scores (and each unit's
+// maximum per query head), then, against the sequence's maximum over all its units, the
 // exponentials, their sum and p.V. Every probability is thus exp(score - the global maximum), rounded
 // where the single-pass softmax rounds it; only the order of the float32 sums differs (the units'
 // partial sums and accumulators are added at the end).
@@ -466,25 +485,26 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
   run_begin[b_n] = static_cast<int64_t>(runs.size());
 
-  // units of about equal size, about 4 per thread in all (at least 64 positions each)
-  const int64_t items = b_n * kvh, nt = std::max<int64_t>(1, at::get_num_threads());
+  // units of about equal size, about 4 per thread in all (at least 32 positions each)
+  const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
   int64_t total_rows = 0;
-  for (int64_t i = 0; i < b_n; ++i) total_rows += n_att[i] * kvh;
-  const int64_t chunk = std::max<int64_t>(64, (total_rows + 4 * nt - 1) / (4 * nt));
+  for (int64_t i = 0; i < b_n; ++i) total_rows += n_att[i];
+  const int64_t chunk = std::max<int64_t>(32, (total_rows + 4 * nt - 1) / (4 * nt));
   std::vector<Unit> units;
-  std::vector<int64_t> unit_begin(items + 1, 0), sc_off(items + 1, 0);
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t n = n_att[it / kvh];
-    unit_begin[it] = static_cast<int64_t>(units.size());
+  std::vector<int64_t> unit_begin(b_n + 1, 0), sc_off(b_n + 1, 0);
+  for (int64_t i = 0; i < b_n; ++i) {
+    const int64_t n = n_att[i];
+    unit_begin[i] = static_cast<int64_t>(units.size());
     const int64_t parts = (n + chunk - 1) / chunk;
-    for (int64_t p = 0; p < parts; ++p) units.push_back({it, n * p / parts, n * (p + 1) / parts});
-    sc_off[it + 1] = sc_off[it] + group * n;
+    for (int64_t p = 0; p < parts; ++p) units.push_back({i, n * p / parts, n * (p + 1) / parts});
+    sc_off[i + 1] = sc_off[i] + nh * n;
   }
-  unit_begin[items] = static_cast<int64_t>(units.size());
+  unit_begin[b_n] = static_cast<int64_t>(units.size());
   const int64_t u_n = static_cast<int64_t>(units.size());
-  std::vector<float> sc(sc_off[items]);          // per item [G, n] scores, then probabilities
-  std::vector<float> umax(u_n * group), usum(u_n * group), uacc(u_n * group * d), gmax(items * group);
-  const int64_t grain = total_rows * group * d < (1 << 16) ? std::max<int64_t>(u_n, 1) : 1;  // small steps on one thread
+  // per sequence [NH, n] scores, then probabilities; per unit and query head its maximum, sum and p.V
+  std::vector<float> sc(sc_off[b_n]);
+  std::vector<float> umax(u_n * nh), usum(u_n * nh), uacc(u_n * nh * d), gmax(b_n * nh);
+  const int64_t grain = total_rows * nh * d < (1 << 16) ? std::max<int64_t>(u_n, 1) : 1;  // small steps on one thread
 
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, dt, "decode_attention", [&] {
     scalar_t* kc = k_cache.data_ptr<scalar_t>();
@@ -497,62 +517,67 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         std::copy(vs, vs + d, vc + sl[i] * row + h * d);
       }
     const int bf16 = std::is_same<scalar_t, c10::BFloat16>::value;
+    const int64_t run_bytes = row * static_cast<int64_t>(sizeof(scalar_t));  // one position, every head
     const scalar_t* qp = q.data_ptr<scalar_t>();
     // pass 1: scores of each unit's positions, and the unit's maximum per query head
     at::parallel_for(0, u_n, grain, [&](int64_t u0, int64_t u1) {
-      std::vector<float> qf(group * d), scratch(ATTN_ROWS * d);
+      std::vector<float> qf(nh * d), scratch(ATTN_ROWS * d);
       for (int64_t u = u0; u < u1; ++u) {
         const Unit& un = units[u];
-        const int64_t i = un.item / kvh, h = un.item % kvh, n = n_att[i];
-        for (int64_t g = 0; g < group; ++g) {
-          const scalar_t* qr = qp + i * q.stride(0) + (h * group + g) * q.stride(1);
-          for (int64_t e = 0; e < d; ++e) qf[g * d + e] = to_float(qr[e]);
+        const int64_t i = un.item, n = n_att[i];
+        for (int64_t hq = 0; hq < nh; ++hq) {
+          const scalar_t* qr = qp + i * q.stride(0) + hq * q.stride(1);
+          for (int64_t e = 0; e < d; ++e) qf[hq * d + e] = to_float(qr[e]);
         }
-        float* s = sc.data() + sc_off[un.item];
-        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, [&](int64_t a, int64_t pos, int64_t len) {
-          fns.scores(qf.data(), group, d, kc + pos * row + h * d, row, bf16, len, scale, s + a, n, scratch.data());
+        float* s = sc.data() + sc_off[i];
+        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, kc, run_bytes, [&](int64_t a, int64_t pos, int64_t len) {
+          for (int64_t j = 0; j < len; j += ATTN_ROWS)  // ATTN_ROWS whole rows at a time: the rows in order
+            for (int64_t h = 0; h < kvh; ++h)
+              fns.scores(qf.data() + h * group * d, group, d, kc + (pos + j) * row + h * d, row, bf16,
+                         std::min(ATTN_ROWS, len - j), scale, s + h * group * n + a + j, n, scratch.data());
         });
-        for (int64_t g = 0; g < group; ++g) umax[u * group + g] = fns.max(s + g * n + un.a0, un.a1 - un.a0);
+        for (int64_t hq = 0; hq < nh; ++hq) umax[u * nh + hq] = fns.max(s + hq * n + un.a0, un.a1 - un.a0);
       }
     });
-    for (int64_t it = 0; it < items; ++it)
-      for (int64_t g = 0; g < group; ++g) {
+    for (int64_t i = 0; i < b_n; ++i)
+      for (int64_t hq = 0; hq < nh; ++hq) {
         float m = -INFINITY;
-        for (int64_t u = unit_begin[it]; u < unit_begin[it + 1]; ++u) m = std::max(m, umax[u * group + g]);
-        gmax[it * group + g] = m;
+        for (int64_t u = unit_begin[i]; u < unit_begin[i + 1]; ++u) m = std::max(m, umax[u * nh + hq]);
+        gmax[i * nh + hq] = m;
       }
-    // pass 2: probabilities against the item's maximum, their sums and p.V per unit
+    // pass 2: probabilities against the sequence's maximum per query head, their sums and p.V per unit
     at::parallel_for(0, u_n, grain, [&](int64_t u0, int64_t u1) {
       for (int64_t u = u0; u < u1; ++u) {
         const Unit& un = units[u];
-        const int64_t i = un.item / kvh, h = un.item % kvh, n = n_att[i];
-        float* s = sc.data() + sc_off[un.item];
-        for (int64_t g = 0; g < group; ++g)
-          usum[u * group + g] = fns.exp(s + g * n + un.a0, un.a1 - un.a0, gmax[un.item * group + g], bf16);
-        float* acc = uacc.data() + u * group * d;
-        std::fill(acc, acc + group * d, 0.f);
-        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, [&](int64_t a, int64_t pos, int64_t len) {
-          fns.values(s + a, n, group, vc + pos * row + h * d, row, bf16, len, d, acc);
+        const int64_t i = un.item, n = n_att[i];
+        float* s = sc.data() + sc_off[i];
+        for (int64_t hq = 0; hq < nh; ++hq)
+          usum[u * nh + hq] = fns.exp(s + hq * n + un.a0, un.a1 - un.a0, gmax[i * nh + hq], bf16);
+        float* acc = uacc.data() + u * nh * d;
+        std::fill(acc, acc + nh * d, 0.f);
+        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, vc, run_bytes, [&](int64_t a, int64_t pos, int64_t len) {
+          for (int64_t j = 0; j < len; j += ATTN_ROWS)
+            for (int64_t h = 0; h < kvh; ++h)
+              fns.values(s + h * group * n + a + j, n, group, vc + (pos + j) * row + h * d, row, bf16,
+                         std::min(ATTN_ROWS, len - j), d, acc + h * group * d);
         });
       }
     });
     // the units' partial sums and accumulators added, in unit order
     scalar_t* op = out.data_ptr<scalar_t>();
     std::vector<float> acc(d);
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / kvh, h = it % kvh;
-      for (int64_t g = 0; g < group; ++g) {
+    for (int64_t i = 0; i < b_n; ++i)
+      for (int64_t hq = 0; hq < nh; ++hq) {
         float total = 0.f;
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t u = unit_begin[it]; u < unit_begin[it + 1]; ++u) {
-          total += usum[u * group + g];
-          const float* a = uacc.data() + (u * group + g) * d;
+        for (int64_t u = unit_begin[i]; u < unit_begin[i + 1]; ++u) {
+          total += usum[u * nh + hq];
+          const float* a = uacc.data() + (u * nh + hq) * d;
           for (int64_t e = 0; e < d; ++e) acc[e] += a[e];
         }
-        scalar_t* o = op + (i * nh + h * group + g) * d;
+        scalar_t* o = op + (i * nh + hq) * d;
         for (int64_t e = 0; e < d; ++e) o[e] = from_float<scalar_t>(n_att[i] == 0 ? 0.f : acc[e] / total);
       }
-    }
   });
   return out;
 }
