@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -502,7 +503,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   unit_begin[b_n] = static_cast<int64_t>(units.size());
   const int64_t u_n = static_cast<int64_t>(units.size());
   // per sequence [NH, n] scores, then probabilities; per unit and query head its maximum, sum and p.V
-  std::vector<float> sc(sc_off[b_n]);
+  const std::unique_ptr<float[]> sc(new float[sc_off[b_n]]);  // every element written in pass 1 before it is read
   std::vector<float> umax(u_n * nh), usum(u_n * nh), uacc(u_n * nh * d), gmax(b_n * nh);
   const int64_t grain = total_rows * nh * d < (1 << 16) ? std::max<int64_t>(u_n, 1) : 1;  // small steps on one thread
 
@@ -529,7 +530,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
           const scalar_t* qr = qp + i * q.stride(0) + hq * q.stride(1);
           for (int64_t e = 0; e < d; ++e) qf[hq * d + e] = to_float(qr[e]);
         }
-        float* s = sc.data() + sc_off[i];
+        float* s = sc.get() + sc_off[i];
         for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, kc, run_bytes, [&](int64_t a, int64_t pos, int64_t len) {
           for (int64_t j = 0; j < len; j += ATTN_ROWS)  // ATTN_ROWS whole rows at a time: the rows in order
             for (int64_t h = 0; h < kvh; ++h)
@@ -550,7 +551,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       for (int64_t u = u0; u < u1; ++u) {
         const Unit& un = units[u];
         const int64_t i = un.item, n = n_att[i];
-        float* s = sc.data() + sc_off[i];
+        float* s = sc.get() + sc_off[i];
         for (int64_t hq = 0; hq < nh; ++hq)
           usum[u * nh + hq] = fns.exp(s + hq * n + un.a0, un.a1 - un.a0, gmax[i * nh + hq], bf16);
         float* acc = uacc.data() + u * nh * d;
