@@ -78,12 +78,10 @@ def main(argv=None) -> None:
     def here(q, k, v, kc, vc, meta):
         return step_ops.decode_attention(q, k, v, kc, vc, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
 
+    extra = (selected_variant(),) if "arg8" in (other.decode_attention.__doc__ or "") else ()  # a kernel that takes the variant
+
     def rev(q, k, v, kc, vc, meta):
-        call = (q, k, v, kc, vc, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
-        try:
-            return other.decode_attention(*call)
-        except TypeError:  # a revision whose kernel takes the variant
-            return other.decode_attention(*call, selected_variant())
+        return other.decode_attention(q, k, v, kc, vc, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, *extra)
 
     def sdpa(q, k, v, kc, vc, meta):
         with mock.patch.dict(os.environ, {VARIANT_ENV: "torch"}):

@@ -374,44 +374,33 @@ AttnFns attn_fns(const std::string& variant, int64_t d) {
   return plain;
 }
 
-// Cached rows [a, a + len) of a sequence's attended positions (counted in order, masked ones skipped)
-// are the consecutive cache rows [pos, pos + len) (block * BS + offset): one block's rows, read as a run.
-struct Run {
-  int64_t a, pos, len;
-};
-
 // A work item: attended positions [a0, a1) of sequence `item`, for every key/value head and its G query
 // heads (each cached row is read once for all of them).
 struct Unit {
   int64_t item, a0, a1;
 };
 
-// fn(first attended index, cache row, rows) for each of the runs [r0, r1) that meet [a0, a1), clipped to
-// it. Each run's rows (every head: row_bytes per position, from base) are requested before fn reads them,
-// the next run's while fn reads the current one: a run is one block, anywhere in memory, which the
+// fn(first attended index, cache row, rows) over attended positions [a0, a1) of a sequence whose
+// position a is cache row rows[a] (block * BS + offset), up to ATTN_ROWS consecutive cache rows at a
+// time (rows of one block are contiguous). Each position's whole row (every head: row_bytes from base)
+// is requested AHEAD positions before fn reads it: the blocks lie anywhere in memory, which the
 // hardware prefetchers do not foresee.
 template <typename Fn>
-void for_runs(const std::vector<Run>& runs, int64_t r0, int64_t r1, int64_t a0, int64_t a1, const void* base,
-              int64_t row_bytes, Fn fn) {
-  int64_t r = std::upper_bound(runs.begin() + r0, runs.begin() + r1, a0, [](int64_t a, const Run& x) { return a < x.a; }) -
-              runs.begin() - 1;
-  const auto clipped = [&](int64_t x, int64_t& lo, int64_t& hi) {
-    if (x >= r1 || runs[x].a >= a1) return false;
-    lo = std::max(a0, runs[x].a);
-    hi = std::min(a1, runs[x].a + runs[x].len);
-    return hi > lo;
+void for_rows(const int64_t* rows, int64_t a0, int64_t a1, const void* base, int64_t row_bytes, Fn fn) {
+  constexpr int64_t AHEAD = 16;
+  const auto request = [&](int64_t x0, int64_t x1) {
+    for (int64_t x = x0; x < std::min(x1, a1); ++x) {
+      const char* p = static_cast<const char*>(base) + rows[x] * row_bytes;
+      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(p + b);
+    }
   };
-  const auto request = [&](int64_t x) {
-    int64_t lo, hi;
-    if (!clipped(x, lo, hi)) return;
-    const char* p = static_cast<const char*>(base) + (runs[x].pos + (lo - runs[x].a)) * row_bytes;
-    for (int64_t b = 0; b < (hi - lo) * row_bytes; b += 64) __builtin_prefetch(p + b);
-  };
-  request(r);
-  for (; r < r1 && runs[r].a < a1; ++r) {
-    request(r + 1);
-    int64_t lo, hi;
-    if (clipped(r, lo, hi)) fn(lo, runs[r].pos + (lo - runs[r].a), hi - lo);
+  request(a0, a0 + AHEAD);
+  for (int64_t a = a0; a < a1;) {
+    int64_t len = 1;
+    while (len < ATTN_ROWS && a + len < a1 && rows[a + len] == rows[a] + len) ++len;
+    request(a + AHEAD, a + len + AHEAD);
+    fn(a, rows[a], len);
+    a += len;
   }
 }
 
@@ -466,25 +455,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t group = nh / kvh, row = kvh * d;  // cache elements per position
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
 
-  // each sequence's attended positions as runs of consecutive rows of one block
-  std::vector<Run> runs;
-  std::vector<int64_t> run_begin(b_n + 1, 0), n_att(b_n, 0);
+  // each sequence's attended positions in order, as cache rows (block * BS + offset)
+  std::vector<int64_t> n_att(b_n, 0), rows_off(b_n + 1, 0), rows;
   for (int64_t i = 0; i < b_n; ++i) {
-    run_begin[i] = static_cast<int64_t>(runs.size());
-    int64_t a = 0;
-    for (int64_t j = 0; j < s_n; ++j) {
-      if (!mp[i * s_n + j]) continue;
-      const int64_t pos = tb[i * nb + j / bs] * bs + j % bs;
-      if (runs.size() > static_cast<size_t>(run_begin[i]) && j % bs != 0 && runs.back().pos + runs.back().len == pos &&
-          mp[i * s_n + j - 1])
-        ++runs.back().len;
-      else
-        runs.push_back({a, pos, 1});
-      ++a;
-    }
-    n_att[i] = a;
+    for (int64_t j = 0; j < s_n; ++j)
+      if (mp[i * s_n + j]) rows.push_back(tb[i * nb + j / bs] * bs + j % bs);
+    rows_off[i + 1] = static_cast<int64_t>(rows.size());
+    n_att[i] = rows_off[i + 1] - rows_off[i];
   }
-  run_begin[b_n] = static_cast<int64_t>(runs.size());
 
   // units of about equal size, about 4 per thread in all (at least 32 positions each)
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
@@ -518,7 +496,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
         std::copy(vs, vs + d, vc + sl[i] * row + h * d);
       }
     const int bf16 = std::is_same<scalar_t, c10::BFloat16>::value;
-    const int64_t run_bytes = row * static_cast<int64_t>(sizeof(scalar_t));  // one position, every head
+    const int64_t row_bytes = row * static_cast<int64_t>(sizeof(scalar_t));  // one position, every head
     const scalar_t* qp = q.data_ptr<scalar_t>();
     // pass 1: scores of each unit's positions, and the unit's maximum per query head
     at::parallel_for(0, u_n, grain, [&](int64_t u0, int64_t u1) {
@@ -531,11 +509,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
           for (int64_t e = 0; e < d; ++e) qf[hq * d + e] = to_float(qr[e]);
         }
         float* s = sc.get() + sc_off[i];
-        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, kc, run_bytes, [&](int64_t a, int64_t pos, int64_t len) {
-          for (int64_t j = 0; j < len; j += ATTN_ROWS)  // ATTN_ROWS whole rows at a time: the rows in order
-            for (int64_t h = 0; h < kvh; ++h)
-              fns.scores(qf.data() + h * group * d, group, d, kc + (pos + j) * row + h * d, row, bf16,
-                         std::min(ATTN_ROWS, len - j), scale, s + h * group * n + a + j, n, scratch.data());
+        for_rows(rows.data() + rows_off[i], un.a0, un.a1, kc, row_bytes, [&](int64_t a, int64_t pos, int64_t len) {
+          for (int64_t h = 0; h < kvh; ++h)
+            fns.scores(qf.data() + h * group * d, group, d, kc + pos * row + h * d, row, bf16, len, scale,
+                       s + h * group * n + a, n, scratch.data());
         });
         for (int64_t hq = 0; hq < nh; ++hq) umax[u * nh + hq] = fns.max(s + hq * n + un.a0, un.a1 - un.a0);
       }
@@ -556,11 +533,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
           usum[u * nh + hq] = fns.exp(s + hq * n + un.a0, un.a1 - un.a0, gmax[i * nh + hq], bf16);
         float* acc = uacc.data() + u * nh * d;
         std::fill(acc, acc + nh * d, 0.f);
-        for_runs(runs, run_begin[i], run_begin[i + 1], un.a0, un.a1, vc, run_bytes, [&](int64_t a, int64_t pos, int64_t len) {
-          for (int64_t j = 0; j < len; j += ATTN_ROWS)
-            for (int64_t h = 0; h < kvh; ++h)
-              fns.values(s + h * group * n + a + j, n, group, vc + (pos + j) * row + h * d, row, bf16,
-                         std::min(ATTN_ROWS, len - j), d, acc + h * group * d);
+        for_rows(rows.data() + rows_off[i], un.a0, un.a1, vc, row_bytes, [&](int64_t a, int64_t pos, int64_t len) {
+          for (int64_t h = 0; h < kvh; ++h)
+            fns.values(s + h * group * n + a, n, group, vc + pos * row + h * d, row, bf16, len, d, acc + h * group * d);
         });
       }
     });
