@@ -275,9 +275,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route_topk(const at::
 }
 
 // The decode attention's plain C++ inner loops (api.h: ATTENTION_FUNCTIONS), for head dims the ISA
-// units do not take (not a multiple of ATTN_D_MULTIPLE) and for MOEMESH's "plain" variant; compiled
-// for AVX-512, AVX2 and the x86-64 baseline and chosen at load time by the CPU (GCC function
-// multi-versioning).
+// units do not take (not a multiple of ATTN_D_MULTIPLE) and where the caller names the "plain"
+// variant; std::exp for the softmax (the ISA units: kernel_impl.h's vexp, within about 2 ulp).
+// dots and axpys are compiled for AVX-512, AVX2 and the x86-64 baseline and chosen at load time by
+// the CPU (GCC function multi-versioning).
 #ifdef MOEMESH_STEP_OPS_CLONES
 #define STEP_OPS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
