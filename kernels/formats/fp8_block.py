@@ -176,3 +176,29 @@ def cat_fp8_block(parts: list[FP8BlockExperts]) -> FP8BlockExperts:
         parts[0].block,
         sum(p.segments for p in parts),
     )
+
+
+def cat_fp8_rows(parts: list[FP8BlockExperts]) -> FP8BlockExperts:
+    """One-matrix projections [1, N_i, K] of different row counts (q | k | v as stored) -> one [1, sum N_i, K]
+    with every byte and scale value kept. The result has S equal row segments of s rows, s the largest
+    divisor of every N_i that is a multiple of BN or divides BN: each segment's rows then lie in whole
+    blocks of its part (s % BN == 0: its own BN-row blocks; BN % s == 0: within one block, whose scale
+    row the segment gets a copy of), so the segment grid of the format holds the parts' block grids."""
+    if not parts:
+        raise ValueError("parts: empty")
+    if any(p.weight.shape[0] != 1 or p.segments != 1 for p in parts):
+        raise ValueError("parts: each must be one matrix [1, N, K] of one segment")
+    if len({p.block for p in parts}) != 1 or len({p.weight.shape[2] for p in parts}) != 1:
+        raise ValueError("parts: every part must have the same block and K")
+    bn = parts[0].block[0]
+    g = 0
+    for p in parts:
+        g = math.gcd(g, p.weight.shape[1])
+    s = max(d for d in range(1, g + 1) if g % d == 0 and (d % bn == 0 or bn % d == 0))
+    scales = []
+    for p in parts:
+        for o in range(0, p.weight.shape[1], s):  # segment at row o of this part
+            first = o // bn
+            scales.append(p.scale[:, first : first + math.ceil(s / bn)])  # [1, ceil(s/BN), KB]
+    weight = torch.cat([p.weight for p in parts], dim=1)  # [1, N, K]
+    return FP8BlockExperts(weight, torch.cat(scales, dim=1).contiguous(), parts[0].block, weight.shape[1] // s)

@@ -60,7 +60,15 @@ class GroupedGateDecoderLM:
 
     gate_names = GateNames()
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        if dense_dtype is not None:
+            # This family's projections are used as plain tensors outside `layers.linear` (MLA slices and
+            # absorbs kv_b per head; the LM head and the MLA projections run through torch's matmul with
+            # biases), so they are not held quantized yet.
+            raise ValueError(
+                f"dense_dtype {dense_dtype!r} is not supported for {cfg.architecture}: its attention and LM head weights "
+                "are used as plain tensors (unset dense_dtype)"
+            )
         reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         self.cfg = cfg
         self.dtype = dtype

@@ -59,9 +59,9 @@ def load_mla(reader: CheckpointReader, prefix: str, cfg: ModelConfig, mla: MLACo
 class DeepseekV3ForCausalLM(GroupedGateDecoderLM):
     """DeepSeek-V3 / Kimi-K2: MLA attention over the latent cache."""
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
         self.mla = self.mla_config(cfg)
-        super().__init__(cfg, reader, dtype)
+        super().__init__(cfg, reader, dtype, dense_dtype)
         self.rope = build_rotary_table(self.mla.rope, self.mla.qk_rope_head_dim, cfg.max_position_embeddings)
 
     def mla_config(self, cfg: ModelConfig) -> MLAConfig:

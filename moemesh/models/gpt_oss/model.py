@@ -42,7 +42,14 @@ class GptOssLayer:
 class GptOssForCausalLM:
     """Non-expert weights of a gpt-oss model; experts are reached through an ExpertCompute."""
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        if dense_dtype is not None:
+            # The sink attention runs its projections, with their biases, through torch's F.linear, and the
+            # LM head through a plain matmul: neither reads a quantized weight.
+            raise ValueError(
+                f"dense_dtype {dense_dtype!r} is not supported for {cfg.architecture}: its attention projections and LM "
+                "head run as plain tensors with biases (unset dense_dtype)"
+            )
         self.cfg = cfg
         self.dtype = dtype
         self.layer_types = layer_types(cfg)
