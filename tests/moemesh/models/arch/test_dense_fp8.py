@@ -1,0 +1,115 @@
+"""`EngineConfig.dense_dtype="fp8"` on the standard decoder (Qwen3-MoE, Mixtral): the attention projections,
+dense MLP and LM head held in BlockwiseFP8, quantized at load from a float checkpoint or kept as a
+BlockwiseFP8 checkpoint stores them; outputs against transformers run on the same dequantized weights,
+and against the engine that holds them in the compute dtype."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import transformers as tf
+from safetensors.torch import load_file, save_file
+
+from kernels.formats import FP8BlockExperts
+from kernels.prepare import prepare_dense
+from moemesh.checkpoint import CheckpointReader
+from moemesh.engine.config import EngineConfig
+from tests.fixtures.checkpoints import make_tiny_checkpoint
+from tests.moemesh.models.arch.native_quant import write_fp8_block
+from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, prompt_logprobs
+from tests.moemesh.models.engine_vs_transformers import make_engine, run_prompts
+
+PROMPT = [5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11, 200, 100, 50, 25, 12, 6, 3, 1, 0]
+
+
+def fp8_round_trip(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] -> the values `prepare_dense(w, "fp8")` holds, as float32."""
+    return prepare_dense(w, "fp8").dequantize(torch.float32)[0]
+
+
+def write_dense_dequantized(src, dst, layers: int, dense_layers: tuple[int, ...] = ()):
+    """A copy of the float checkpoint src whose dense linears hold the values the engine holds with
+    dense_dtype "fp8" (q | k | v and gate | up quantized fused, as the engine fuses them)."""
+    shutil.copytree(src, dst)
+    t = load_file(str(src / "model.safetensors"))
+    for layer in range(layers):
+        a = f"model.layers.{layer}.self_attn"
+        groups = [[f"{a}.{n}_proj.weight" for n in "qkv"], [f"{a}.o_proj.weight"]]
+        if layer in dense_layers:
+            m = f"model.layers.{layer}.mlp"
+            groups += [[f"{m}.gate_proj.weight", f"{m}.up_proj.weight"], [f"{m}.down_proj.weight"]]
+        for names in groups:
+            parts = fp8_round_trip(torch.cat([t[n] for n in names])).split([t[n].shape[0] for n in names])
+            t.update(zip(names, parts))
+    t["lm_head.weight"] = fp8_round_trip(t["lm_head.weight"])
+    save_file({k: v.contiguous() for k, v in t.items()}, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_fp8_dense_engine_matches_transformers_on_the_dequantized_weights_and_the_float_engine(tmp_path):
+    src, _ = make_tiny_checkpoint("qwen3_moe", tmp_path / "src", mlp_only_layers=[1])
+    engine = make_engine(src, dense_dtype="fp8")
+    model = engine.model
+    lyr = model.layers[1]
+    for w in (model.layers[0].attn.qkv, model.layers[0].attn.o, lyr.attn.qkv, lyr.mlp_gate_up, lyr.mlp_down, model.lm_head):
+        assert isinstance(w, FP8BlockExperts) and w.shape[0] == 1 and w.block == (128, 128)
+    assert isinstance(model.embed, torch.Tensor) and isinstance(model.layers[0].router, torch.Tensor)
+    assert model.layers[0].router.dtype == torch.float32
+
+    ref = tf.AutoModelForCausalLM.from_pretrained(write_dense_dequantized(src, tmp_path / "deq", 2, (1,)), dtype=torch.float32)
+    res = run_prompts(engine, [PROMPT], 8)[0]
+    assert_logprobs_close(res.prompt_logprobs, prompt_logprobs(ref.eval(), PROMPT))
+    assert res.token_ids == greedy(ref, PROMPT, 8)
+
+    # Against the float32 engine: e4m3 keeps 3 mantissa bits, so each weight moves by up to 1/16 of
+    # itself (~3.6% RMS), and this tiny random model's logits (std-0.1 weights, no training to make them
+    # robust) follow: its prompt logprobs (-8 to -5 nats) move by about 0.05 nats on average and 0.18 at
+    # most. The bounds (0.1 mean, 0.3 worst) hold FP8-sized errors and fail on a wrong matrix.
+    plain = run_prompts(make_engine(src), [PROMPT], 8)[0]
+    diffs = [abs(a - b) for a, b in zip(res.prompt_logprobs[1:], plain.prompt_logprobs[1:])]
+    assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.3
+
+
+def test_tied_embeddings_get_their_own_fp8_lm_head(tmp_path):
+    src, _ = make_tiny_checkpoint("mixtral", tmp_path / "src", tie_word_embeddings=True)
+    model = make_engine(src, dense_dtype="fp8").model
+    assert isinstance(model.lm_head, FP8BlockExperts) and isinstance(model.embed, torch.Tensor)
+    embed = CheckpointReader(src).get("model.embed_tokens.weight")
+    assert torch.equal(model.embed, embed)
+    assert torch.equal(model.lm_head.dequantize(torch.float32)[0], fp8_round_trip(embed))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_blockwise_fp8_checkpoint_keeps_the_stored_bytes(arch, tmp_path):
+    src, _ = make_tiny_checkpoint(arch, tmp_path / "src")
+    qdir, deq_dir = write_fp8_block(src, tmp_path / "fp8", (32, 32))
+    engine = make_engine(qdir, dense_dtype="fp8")
+    stored = CheckpointReader(qdir)
+    a = "model.layers.1.self_attn"
+    attn = engine.model.layers[1].attn
+    qkv = torch.cat([stored.get(f"{a}.{n}_proj.weight") for n in "qkv"])
+    assert torch.equal(attn.qkv.weight[0].view(torch.uint8), qkv.view(torch.uint8))
+    assert torch.equal(attn.o.weight[0].view(torch.uint8), stored.get(f"{a}.o_proj.weight").view(torch.uint8))
+    assert torch.equal(attn.o.scale[0], stored.get(f"{a}.o_proj.weight_scale_inv"))
+
+    # the checkpoint stores its LM head in float (as DeepSeek's and Qwen3's FP8 checkpoints do): the engine
+    # quantizes it at load, so the reference holds the same values
+    deq = load_file(str(deq_dir / "model.safetensors"))
+    deq["lm_head.weight"] = fp8_round_trip(deq["lm_head.weight"])
+    save_file(deq, str(deq_dir / "model.safetensors"))
+    ref = tf.AutoModelForCausalLM.from_pretrained(deq_dir, dtype=torch.float32).eval()
+    res = run_prompts(engine, [PROMPT], 8)[0]
+    assert_logprobs_close(res.prompt_logprobs, prompt_logprobs(ref, PROMPT))
+    assert res.token_ids == greedy(ref, PROMPT, 8)
+
+
+def test_bad_dense_dtype_names_the_field():
+    with pytest.raises(ValueError, match="dense_dtype"):
+        EngineConfig(model_dir="unused", dense_dtype="int8")
+
+
+def test_a_family_that_cannot_hold_fp8_dense_weights_says_so(tmp_path):
+    src, _ = make_tiny_checkpoint("gpt_oss", tmp_path / "src")
+    with pytest.raises(ValueError, match="dense_dtype.*GptOssForCausalLM"):
+        make_engine(src, dense_dtype="fp8")
