@@ -23,10 +23,11 @@ DTYPES = (torch.float32, torch.bfloat16)
 # (docs/benchmarks.md). Above these (prefill) torch's GEMMs run.
 MAX_ROWS = {torch.float32: 16, torch.bfloat16: 1}
 # Rows up to which a quantized w runs on the compiled kernels: they read its bytes once for all rows,
-# where torch must first dequantize the whole matrix into a copy (a table gather per element, several
-# times the matrix's own read) and is only worth it when that copy serves a prefill's many rows. The
-# same limit as the experts' (kernels.cpu.moe_mlp_cpu.MAX_ROWS_PER_EXPERT).
-MAX_QUANTIZED_ROWS = 64
+# where torch must first dequantize the whole matrix into a copy (a table gather per element, many
+# times the cost of the matrix's own read) and only wins once that copy serves a prefill's many rows:
+# on the sparse shape's attention matrices, side by side, the two crossed at several hundred rows for
+# bfloat16 and later for float32; below that the kernels were faster by up to an order of magnitude.
+MAX_QUANTIZED_ROWS = 256
 
 _EMPTY = torch.empty(0)
 _INTS = {torch.float32: FMT_F32, torch.bfloat16: FMT_BF16}

@@ -157,10 +157,10 @@ def linear(x: Tensor, w) -> Tensor:
 def quantized_linear(x: Tensor, w) -> Tensor:
     """x [T, in] @ W.T for W [1, out, in] held quantized -> [T, out] in x.dtype. Up to
     `kernels.cpu.linear_cpu.MAX_QUANTIZED_ROWS` rows the compiled kernels read W's stored bytes in place
-    (float32 accumulation). Above that (prefill), or where the compiled kernels do not run (another
-    device, no compiled variant), W is dequantized into a copy in x.dtype and torch's matmul runs: the
-    GEMV-shaped kernels are built for a few rows, while the copy's cost is shared by a prefill's many
-    rows and torch's GEMMs then run at their full rate."""
+    (float32 accumulation). Above that (a long prefill), or where the compiled kernels do not run
+    (another device, no compiled variant), W is dequantized into a copy in x.dtype and torch's matmul
+    runs: the GEMV-shaped kernels are built for few rows (their work grows with every row), while the
+    copy's cost is shared by a prefill's many rows and torch's GEMMs then run at their full rate."""
     variant = linear_cpu_variant(x, w)
     if variant is not None:
         return run_linear(x, w, variant)
