@@ -178,6 +178,21 @@ def cat_fp8_block(parts: list[FP8BlockExperts]) -> FP8BlockExperts:
     )
 
 
+def permute_fp8_rows(w: FP8BlockExperts, index: Tensor) -> FP8BlockExperts:
+    """Rows of one-matrix w [1, N, K] reordered (row i of the result = row index[i] of w) with every byte
+    and scale kept: each row must stay within its block of rows (as a per-head permutation of the head
+    dims does where a head's rows lie in one block), so the scales need no change; ValueError otherwise."""
+    if w.weight.shape[0] != 1 or index.shape != (w.weight.shape[1],):
+        raise ValueError(f"index: expected {w.weight.shape[1]} rows of one matrix, got {tuple(index.shape)} for {tuple(w.shape)}")
+    rows = w.row_to_scale_row()
+    if not bool((rows[index] == rows).all()):
+        raise ValueError(
+            f"index: moves rows across FP8 blocks of {w.block[0]} rows; the stored scales cannot follow (the block "
+            "height must be a multiple of the permuted group)"
+        )
+    return FP8BlockExperts(w.weight[:, index].contiguous(), w.scale, w.block, w.segments)
+
+
 def cat_fp8_rows(parts: list[FP8BlockExperts]) -> FP8BlockExperts:
     """One-matrix projections [1, N_i, K] of different row counts (q | k | v as stored) -> one [1, sum N_i, K]
     with every byte and scale value kept. The result has S equal row segments of s rows, s the largest

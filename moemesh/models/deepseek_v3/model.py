@@ -60,6 +60,14 @@ class DeepseekV3ForCausalLM(GroupedGateDecoderLM):
     """DeepSeek-V3 / Kimi-K2: MLA attention over the latent cache."""
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        if dense_dtype is not None:
+            # MLA uses its kv_b projection as a plain tensor (split per head and absorbed into the queries
+            # and the output at decode), and runs the other projections through F.linear with their
+            # biases: none of them is read through `layers.linear`, so they cannot be held quantized.
+            raise ValueError(
+                f"dense_dtype {dense_dtype!r} is not supported for {cfg.architecture}: MLA's projections are used as "
+                "plain tensors (unset dense_dtype)"
+            )
         self.mla = self.mla_config(cfg)
         super().__init__(cfg, reader, dtype, dense_dtype)
         self.rope = build_rotary_table(self.mla.rope, self.mla.qk_rope_head_dim, cfg.max_position_embeddings)

@@ -18,7 +18,7 @@ from moemesh.models.glm4_moe.attention import GlmAttention
 
 class Glm4MoeForCausalLM(GroupedGateDecoderLM):
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
-        self.attention = GlmAttention(cfg, dtype)
+        self.attention = GlmAttention(cfg, dtype, dense_dtype)
         super().__init__(cfg, reader, dtype, dense_dtype)
 
     def load_attention(self, reader: CheckpointReader, prefix: str, layer: int) -> AttentionWeights:

@@ -28,7 +28,7 @@ class MiniMaxM2ForCausalLM(GroupedGateDecoderLM):
     )
 
     def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
-        self.attention = MiniMaxAttention(cfg, dtype)
+        self.attention = MiniMaxAttention(cfg, dtype, dense_dtype)
         super().__init__(cfg, reader, dtype, dense_dtype)
 
     def gate_config(self, cfg: ModelConfig) -> GroupedGateConfig:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.formats import cat_fp8_block, cat_fp8_rows, fp8_block_from_checkpoint, quantize_fp8_block
+from kernels.formats import cat_fp8_block, cat_fp8_rows, fp8_block_from_checkpoint, permute_fp8_rows, quantize_fp8_block
 from tests.kernels.oracles import ct_fp8_block
 
 
@@ -143,3 +143,14 @@ def test_cat_fp8_rows_refuses_mixed_blocks_and_stacks():
         cat_fp8_rows([quantize_fp8_block(torch.randn(2, 32, 64))])
     with pytest.raises(ValueError, match="empty"):
         cat_fp8_rows([])
+
+
+def test_permute_fp8_rows_within_blocks_keeps_values_and_refuses_crossing_rows():
+    torch.manual_seed(9)
+    w = quantize_fp8_block(torch.randn(64, 40), block=(32, 32))
+    index = torch.cat([torch.randperm(16) + 16 * h for h in range(4)])  # per 16-row head, inside 32-row blocks
+    moved = permute_fp8_rows(w, index)
+    assert torch.equal(moved.dequantize(torch.float32)[0], w.dequantize(torch.float32)[0][index])
+    assert torch.equal(moved.scale, w.scale)
+    with pytest.raises(ValueError, match="across FP8 blocks"):
+        permute_fp8_rows(w, torch.arange(64).roll(16))

@@ -15,10 +15,12 @@ from kernels.formats import FP8BlockExperts
 from kernels.prepare import prepare_dense
 from moemesh.checkpoint import CheckpointReader
 from moemesh.engine.config import EngineConfig
-from tests.fixtures.checkpoints import make_tiny_checkpoint
+from moemesh.models.partial_rope import permute_heads
+from tests.fixtures.checkpoints import ARCHS, make_tiny_checkpoint
 from tests.moemesh.models.arch.native_quant import write_fp8_block
 from tests.moemesh.models.arch.reference import assert_logprobs_close, greedy, prompt_logprobs
 from tests.moemesh.models.engine_vs_transformers import make_engine, run_prompts
+from tests.moemesh.models.tiny_families import make_checkpoint as make_family_checkpoint
 
 PROMPT = [5, 17, 301, 42, 9, 77, 123, 250, 3, 64, 11, 200, 100, 50, 25, 12, 6, 3, 1, 0]
 
@@ -28,21 +30,32 @@ def fp8_round_trip(w: torch.Tensor) -> torch.Tensor:
     return prepare_dense(w, "fp8").dequantize(torch.float32)[0]
 
 
-def write_dense_dequantized(src, dst, layers: int, dense_layers: tuple[int, ...] = ()):
+def fused_groups(names) -> list[list[str]]:
+    """The dense linears of a checkpoint as the engine fuses them: q | k | v, gate | up, every other
+    `*_proj.weight` alone; routed experts and routers left out."""
+    groups = []
+    for n in sorted(names):
+        if ".experts." in n or not n.endswith("_proj.weight"):
+            continue
+        stem, proj = n.rsplit(".", 2)[0], n.rsplit(".", 2)[1]
+        if proj == "q_proj":
+            groups.append([f"{stem}.{p}_proj.weight" for p in "qkv"])
+        elif proj == "gate_proj":
+            groups.append([f"{stem}.gate_proj.weight", f"{stem}.up_proj.weight"])
+        elif proj in ("o_proj", "down_proj"):
+            groups.append([n])
+    return groups
+
+
+def write_dense_dequantized(src, dst):
     """A copy of the float checkpoint src whose dense linears hold the values the engine holds with
-    dense_dtype "fp8" (q | k | v and gate | up quantized fused, as the engine fuses them)."""
+    dense_dtype "fp8": each fused group quantized as one matrix, and the LM head."""
     shutil.copytree(src, dst)
     t = load_file(str(src / "model.safetensors"))
-    for layer in range(layers):
-        a = f"model.layers.{layer}.self_attn"
-        groups = [[f"{a}.{n}_proj.weight" for n in "qkv"], [f"{a}.o_proj.weight"]]
-        if layer in dense_layers:
-            m = f"model.layers.{layer}.mlp"
-            groups += [[f"{m}.gate_proj.weight", f"{m}.up_proj.weight"], [f"{m}.down_proj.weight"]]
-        for names in groups:
-            parts = fp8_round_trip(torch.cat([t[n] for n in names])).split([t[n].shape[0] for n in names])
-            t.update(zip(names, parts))
-    t["lm_head.weight"] = fp8_round_trip(t["lm_head.weight"])
+    for names in fused_groups(t):
+        parts = fp8_round_trip(torch.cat([t[n] for n in names])).split([t[n].shape[0] for n in names])
+        t.update(zip(names, parts))
+    t["lm_head.weight"] = fp8_round_trip(t["lm_head.weight"])  # untied checkpoints only
     save_file({k: v.contiguous() for k, v in t.items()}, str(dst / "model.safetensors"))
     return dst
 
@@ -57,7 +70,7 @@ def test_fp8_dense_engine_matches_transformers_on_the_dequantized_weights_and_th
     assert isinstance(model.embed, torch.Tensor) and isinstance(model.layers[0].router, torch.Tensor)
     assert model.layers[0].router.dtype == torch.float32
 
-    ref = tf.AutoModelForCausalLM.from_pretrained(write_dense_dequantized(src, tmp_path / "deq", 2, (1,)), dtype=torch.float32)
+    ref = tf.AutoModelForCausalLM.from_pretrained(write_dense_dequantized(src, tmp_path / "deq"), dtype=torch.float32)
     res = run_prompts(engine, [PROMPT], 8)[0]
     assert_logprobs_close(res.prompt_logprobs, prompt_logprobs(ref.eval(), PROMPT))
     assert res.token_ids == greedy(ref, PROMPT, 8)
@@ -71,6 +84,32 @@ def test_fp8_dense_engine_matches_transformers_on_the_dequantized_weights_and_th
     assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.3
 
 
+def family_checkpoint(family: str, out_dir):
+    """A tiny checkpoint of `family`: tests/fixtures/checkpoints.py's families, else tiny_families.py's."""
+    if family in ARCHS:
+        return make_tiny_checkpoint(family, out_dir)
+    return make_family_checkpoint(family, out_dir)
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "minimax_m2"])
+def test_grouped_gate_families_hold_fp8_dense_weights(family, tmp_path):
+    """GLM-4.5 (q/k rows permuted per head, q/k/v biases, a dense first layer, shared experts) and
+    MiniMax-M2 against transformers on the same dequantized weights."""
+    src, _ = family_checkpoint(family, tmp_path / "src")
+    engine = make_engine(src, dense_dtype="fp8")
+    model = engine.model
+    attn = model.layers[-1].attn
+    assert isinstance(attn.qkv, FP8BlockExperts) and isinstance(attn.o, FP8BlockExperts)
+    assert isinstance(model.lm_head, FP8BlockExperts) and isinstance(model.embed, torch.Tensor)
+    shared = [lyr.mlp.shared for lyr in model.layers if getattr(lyr.mlp, "shared", None) is not None]
+    assert all(isinstance(m.gate_up, FP8BlockExperts) for m in shared)
+
+    ref = tf.AutoModelForCausalLM.from_pretrained(write_dense_dequantized(src, tmp_path / "deq"), dtype=torch.float32).eval()
+    res = run_prompts(engine, [PROMPT], 8)[0]
+    assert_logprobs_close(res.prompt_logprobs, prompt_logprobs(ref, PROMPT))
+    assert res.token_ids == greedy(ref, PROMPT, 8)
+
+
 def test_tied_embeddings_get_their_own_fp8_lm_head(tmp_path):
     src, _ = make_tiny_checkpoint("mixtral", tmp_path / "src", tie_word_embeddings=True)
     model = make_engine(src, dense_dtype="fp8").model
@@ -80,16 +119,20 @@ def test_tied_embeddings_get_their_own_fp8_lm_head(tmp_path):
     assert torch.equal(model.lm_head.dequantize(torch.float32)[0], fp8_round_trip(embed))
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "glm4_moe"])
 def test_blockwise_fp8_checkpoint_keeps_the_stored_bytes(arch, tmp_path):
-    src, _ = make_tiny_checkpoint(arch, tmp_path / "src")
+    """32 x 32 blocks: q | k | v joined in row segments; GLM's per-head row permutation stays within blocks."""
+    src, _ = family_checkpoint(arch, tmp_path / "src")
     qdir, deq_dir = write_fp8_block(src, tmp_path / "fp8", (32, 32))
     engine = make_engine(qdir, dense_dtype="fp8")
     stored = CheckpointReader(qdir)
     a = "model.layers.1.self_attn"
     attn = engine.model.layers[1].attn
-    qkv = torch.cat([stored.get(f"{a}.{n}_proj.weight") for n in "qkv"])
-    assert torch.equal(attn.qkv.weight[0].view(torch.uint8), qkv.view(torch.uint8))
+    q, k, v = (stored.get(f"{a}.{n}_proj.weight").view(torch.uint8) for n in "qkv")
+    if arch == "glm4_moe":  # the same bytes, q and k rows in the permuted head order
+        cfg, perm = engine.model_config, engine.model.attention.perm
+        q, k = permute_heads(q, cfg.num_heads, perm), permute_heads(k, cfg.num_kv_heads, perm)
+    assert torch.equal(attn.qkv.weight[0].view(torch.uint8), torch.cat([q, k, v]))
     assert torch.equal(attn.o.weight[0].view(torch.uint8), stored.get(f"{a}.o_proj.weight").view(torch.uint8))
     assert torch.equal(attn.o.scale[0], stored.get(f"{a}.o_proj.weight_scale_inv"))
 
@@ -109,7 +152,8 @@ def test_bad_dense_dtype_names_the_field():
         EngineConfig(model_dir="unused", dense_dtype="int8")
 
 
-def test_a_family_that_cannot_hold_fp8_dense_weights_says_so(tmp_path):
-    src, _ = make_tiny_checkpoint("gpt_oss", tmp_path / "src")
-    with pytest.raises(ValueError, match="dense_dtype.*GptOssForCausalLM"):
+@pytest.mark.parametrize("family, architecture", [("gpt_oss", "GptOssForCausalLM"), ("deepseek_v3", "DeepseekV3ForCausalLM")])
+def test_a_family_that_cannot_hold_fp8_dense_weights_says_so(family, architecture, tmp_path):
+    src, _ = make_tiny_checkpoint(family, tmp_path / "src")
+    with pytest.raises(ValueError, match=f"dense_dtype.*{architecture}"):
         make_engine(src, dense_dtype="fp8")
