@@ -154,6 +154,15 @@ def linear(x: Tensor, w) -> Tensor:
     return x @ w.t()
 
 
+def biased_linear(x: Tensor, w, bias: Tensor | None) -> Tensor:
+    """x [T, in] @ w[out, in].t() + bias [out] -> [T, out]: torch's F.linear for a plain w (as the models
+    with biased projections always ran), `linear` then the bias for one held quantized."""
+    if isinstance(w, QUANTIZED_TYPES):
+        out = quantized_linear(x, w)
+        return out if bias is None else out + bias
+    return F.linear(x, w, bias)
+
+
 def quantized_linear(x: Tensor, w) -> Tensor:
     """x [T, in] @ W.T for W [1, out, in] held quantized -> [T, out] in x.dtype. Up to
     `kernels.cpu.linear_cpu.MAX_QUANTIZED_ROWS` rows the compiled kernels read W's stored bytes in place
