@@ -21,7 +21,7 @@ from moemesh.models.deepseek_v3.config import GroupedGateConfig
 from moemesh.checkpoint.fp8_dequant import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, GateNames, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
 from kernels.prepare import check_dense_dtype
-from moemesh.models.layers import as_tensor, linear, matmul_layout, rms_norm
+from moemesh.models.layers import as_tensor, held_bytes, linear, matmul_layout, rms_norm
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
@@ -106,7 +106,7 @@ class GroupedGateDecoderLM:
         tensors = [self.lm_head, self.norm]
         for lyr in self.layers:
             tensors += [lyr.input_norm, lyr.post_norm, *tensors_of(lyr.attn), *tensors_of(lyr.mlp)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(held_bytes(t) for t in tensors)
 
     def forward_stages(
         self, meta: BatchMeta, kv_caches: Sequence[tuple[Tensor, Tensor]], experts: ExpertCompute, knobs: MoeKnobs

@@ -24,7 +24,7 @@ from moemesh.models.gpt_oss.config import layer_types, sliding_window
 from moemesh.models.gpt_oss.router import topk_softmax_router
 from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_attention
 from kernels.prepare import check_dense_dtype
-from moemesh.models.layers import linear, matmul_layout, rms_norm
+from moemesh.models.layers import held_bytes, linear, matmul_layout, rms_norm
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.contracts.knobs import MoeKnobs
@@ -103,7 +103,7 @@ class GptOssForCausalLM:
         tensors = [self.lm_head, self.norm]
         for lyr in self.layers:
             tensors += [lyr.input_norm, lyr.post_norm, lyr.router, lyr.router_bias, *tensors_of(lyr.attn)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(held_bytes(t) for t in tensors)
 
     def forward_stages(
         self, meta: BatchMeta, kv_caches: Sequence[tuple[Tensor, Tensor]], experts: ExpertCompute, knobs: MoeKnobs

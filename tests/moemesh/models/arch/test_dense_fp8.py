@@ -35,21 +35,25 @@ def fused_groups(names) -> list[list[str]]:
     `*_proj.weight` alone; routed experts and routers left out."""
     groups = []
     for n in sorted(names):
-        if ".experts." in n or not n.endswith("_proj.weight"):
+        if ".experts." in n or not n.endswith(".weight"):
             continue
         stem, proj = n.rsplit(".", 2)[0], n.rsplit(".", 2)[1]
         if proj == "q_proj":
             groups.append([f"{stem}.{p}_proj.weight" for p in "qkv"])
         elif proj == "gate_proj":
             groups.append([f"{stem}.gate_proj.weight", f"{stem}.up_proj.weight"])
-        elif proj in ("o_proj", "down_proj"):
+        elif proj in ("o_proj", "down_proj", "out_proj"):
             groups.append([n])
+        elif proj in ("in_proj_qkvz", "in_proj_qkv"):  # a Gated DeltaNet's input projections, fused in this order
+            order = ("in_proj_qkvz", "in_proj_ba") if proj == "in_proj_qkvz" else ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+            groups.append([f"{stem}.{p}.weight" for p in order])
     return groups
 
 
 def write_dense_dequantized(src, dst):
     """A copy of the float checkpoint src whose dense linears hold the values the engine holds with
-    dense_dtype "fp8": each fused group quantized as one matrix, and the LM head."""
+    dense_dtype "fp8": each fused group quantized as one matrix, and the LM head. (Where the engine also
+    reorders rows, per head, the tiny models keep each block's set of rows, so the values match.)"""
     shutil.copytree(src, dst)
     t = load_file(str(src / "model.safetensors"))
     for names in fused_groups(t):
@@ -91,18 +95,21 @@ def family_checkpoint(family: str, out_dir):
     return make_family_checkpoint(family, out_dir)
 
 
-@pytest.mark.parametrize("family", ["glm4_moe", "minimax_m2", "gpt_oss"])
+@pytest.mark.parametrize("family", ["glm4_moe", "minimax_m2", "gpt_oss", "qwen3_next"])
 def test_other_families_hold_fp8_dense_weights(family, tmp_path):
-    """GLM-4.5 (q/k rows permuted per head, q/k/v biases, a dense first layer, shared experts), MiniMax-M2
-    and gpt-oss (biased projections, sink attention) against transformers on the same dequantized weights."""
+    """GLM-4.5 (q/k rows permuted per head, q/k/v biases, a dense first layer, shared experts), MiniMax-M2,
+    gpt-oss (biased projections, sink attention) and Qwen3-Next (gated attention, Gated DeltaNet, shared
+    expert) against transformers on the same dequantized weights."""
     src, _ = family_checkpoint(family, tmp_path / "src")
     engine = make_engine(src, dense_dtype="fp8")
     model = engine.model
-    attn = model.layers[-1].attn
-    assert isinstance(attn.qkv, FP8BlockExperts) and isinstance(attn.o, FP8BlockExperts)
+    attn = model.layers[-1].attn if family != "qwen3_next" else model.layers[-1].mixer
+    projections = (attn.qgkv, attn.o) if family == "qwen3_next" else (attn.qkv, attn.o)
+    assert all(isinstance(w, FP8BlockExperts) for w in projections)
+    assert model.weight_bytes() < make_engine(src).model.weight_bytes()
     assert isinstance(model.lm_head, FP8BlockExperts) and isinstance(model.embed, torch.Tensor)
     shared = [lyr.mlp.shared for lyr in model.layers if getattr(getattr(lyr, "mlp", None), "shared", None) is not None]
-    assert all(isinstance(m.gate_up, FP8BlockExperts) for m in shared)
+    assert all(isinstance(getattr(m, "mlp", m).gate_up, FP8BlockExperts) for m in shared)  # Qwen3-Next's in a SharedExpert
 
     ref = tf.AutoModelForCausalLM.from_pretrained(write_dense_dequantized(src, tmp_path / "deq"), dtype=torch.float32).eval()
     res = run_prompts(engine, [PROMPT], 8)[0]
@@ -157,3 +164,10 @@ def test_a_family_that_cannot_hold_fp8_dense_weights_says_so(family, architectur
     src, _ = make_tiny_checkpoint(family, tmp_path / "src")
     with pytest.raises(ValueError, match=f"dense_dtype.*{architecture}"):
         make_engine(src, dense_dtype="fp8")
+
+
+def test_qwen3_next_refuses_to_requantize_a_blockwise_fp8_checkpoint(tmp_path):
+    src, _ = family_checkpoint("qwen3_next", tmp_path / "src")
+    qdir, _ = write_fp8_block(src, tmp_path / "fp8", (32, 32))
+    with pytest.raises(ValueError, match="dense_dtype.*Qwen3NextForCausalLM on a BlockwiseFP8 checkpoint"):
+        make_engine(qdir, dense_dtype="fp8")
