@@ -108,8 +108,10 @@ def matmul_layout(w, pack: bool = True, dense_dtype: str | None = None):
       MKL's single-threaded float32 path reads that layout faster at one or a few rows (decode);
     - anything else is returned as is.
     A quantized w without dense_dtype (a stored FP8 matrix the caller did not dequantize) is kept as is."""
-    if dense_dtype is not None or isinstance(w, QUANTIZED_TYPES):
-        return prepare_dense(w, dense_dtype) if dense_dtype is not None else w
+    if dense_dtype is not None:
+        return prepare_dense(w, dense_dtype)
+    if isinstance(w, QUANTIZED_TYPES):
+        return w
     if w.device.type != "cpu" or w.dim() != 2:
         return w
     if holds_plain(w.dtype, w.device):
