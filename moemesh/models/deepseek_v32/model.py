@@ -38,7 +38,7 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
                 reader, f"{prefix}.indexer", self.cfg.hidden_size, mla.q_lora_rank, dsa.index_n_heads,
                 dsa.index_head_dim, mla.qk_rope_head_dim, dsa.interleaved_rope, self.dtype,
             )
-        return DSAWeights(load_mla(reader, prefix, self.cfg, mla, self.dtype), indexer)
+        return DSAWeights(load_mla(reader, prefix, self.cfg, mla, self.dtype, self.dense_dtype), indexer)
 
     def begin_step(self, meta: BatchMeta) -> DSAStep:
         return DSAStep.begin(meta, self.dsa.index_topk)

@@ -42,8 +42,8 @@ def fused_groups(names) -> list[list[str]]:
             groups.append([f"{stem}.{p}_proj.weight" for p in "qkv"])
         elif proj == "gate_proj":
             groups.append([f"{stem}.gate_proj.weight", f"{stem}.up_proj.weight"])
-        elif proj in ("o_proj", "down_proj", "out_proj"):
-            groups.append([n])
+        elif proj in ("o_proj", "down_proj", "out_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa"):
+            groups.append([n])  # (MLA's kv_b_proj stays plain)
         elif proj in ("in_proj_qkvz", "in_proj_qkv"):  # a Gated DeltaNet's input projections, fused in this order
             order = ("in_proj_qkvz", "in_proj_ba") if proj == "in_proj_qkvz" else ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
             groups.append([f"{stem}.{p}.weight" for p in order])
@@ -95,17 +95,21 @@ def family_checkpoint(family: str, out_dir):
     return make_family_checkpoint(family, out_dir)
 
 
-@pytest.mark.parametrize("family", ["glm4_moe", "minimax_m2", "gpt_oss", "qwen3_next"])
+@pytest.mark.parametrize("family", ["glm4_moe", "minimax_m2", "gpt_oss", "qwen3_next", "deepseek_v3", "deepseek_v32"])
 def test_other_families_hold_fp8_dense_weights(family, tmp_path):
     """GLM-4.5 (q/k rows permuted per head, q/k/v biases, a dense first layer, shared experts), MiniMax-M2,
-    gpt-oss (biased projections, sink attention) and Qwen3-Next (gated attention, Gated DeltaNet, shared
-    expert) against transformers on the same dequantized weights."""
+    gpt-oss (biased projections, sink attention), Qwen3-Next (gated attention, Gated DeltaNet, shared
+    expert) and DeepSeek-V3 / V3.2 (MLA with kv_b kept plain, the DSA indexer) against transformers on
+    the same dequantized weights."""
     src, _ = family_checkpoint(family, tmp_path / "src")
     engine = make_engine(src, dense_dtype="fp8")
     model = engine.model
     attn = model.layers[-1].attn if family != "qwen3_next" else model.layers[-1].mixer
-    projections = (attn.qgkv, attn.o) if family == "qwen3_next" else (attn.qkv, attn.o)
-    assert all(isinstance(w, FP8BlockExperts) for w in projections)
+    attn = getattr(attn, "mla", attn)  # DeepSeek-V3.2's DSA weights hold the MLA ones
+    projections = {"qwen3_next": ("qgkv", "o"), "deepseek_v3": ("q_a", "q_b", "kv_a", "o"), "deepseek_v32": ("q_a", "q_b", "kv_a", "o")}
+    assert all(isinstance(getattr(attn, p), FP8BlockExperts) for p in projections.get(family, ("qkv", "o")))
+    if family.startswith("deepseek"):  # absorbed per head: stays a plain tensor
+        assert isinstance(attn.kv_b, torch.Tensor)
     assert model.weight_bytes() < make_engine(src).model.weight_bytes()
     assert isinstance(model.lm_head, FP8BlockExperts) and isinstance(model.embed, torch.Tensor)
     shared = [lyr.mlp.shared for lyr in model.layers if getattr(getattr(lyr, "mlp", None), "shared", None) is not None]
@@ -159,15 +163,27 @@ def test_bad_dense_dtype_names_the_field():
         EngineConfig(model_dir="unused", dense_dtype="int8")
 
 
-@pytest.mark.parametrize("family, architecture", [("deepseek_v3", "DeepseekV3ForCausalLM")])
-def test_a_family_that_cannot_hold_fp8_dense_weights_says_so(family, architecture, tmp_path):
-    src, _ = make_tiny_checkpoint(family, tmp_path / "src")
-    with pytest.raises(ValueError, match=f"dense_dtype.*{architecture}"):
-        make_engine(src, dense_dtype="fp8")
-
-
 def test_qwen3_next_refuses_to_requantize_a_blockwise_fp8_checkpoint(tmp_path):
     src, _ = family_checkpoint("qwen3_next", tmp_path / "src")
     qdir, _ = write_fp8_block(src, tmp_path / "fp8", (32, 32))
     with pytest.raises(ValueError, match="dense_dtype.*Qwen3NextForCausalLM on a BlockwiseFP8 checkpoint"):
         make_engine(qdir, dense_dtype="fp8")
+
+
+def test_blockwise_fp8_mla_checkpoint_keeps_its_projections_and_dequantizes_kv_b(tmp_path):
+    src, _ = make_tiny_checkpoint("deepseek_v3", tmp_path / "src")
+    qdir, deq_dir = write_fp8_block(src, tmp_path / "fp8", (32, 32))
+    engine = make_engine(qdir, dense_dtype="fp8")
+    stored = CheckpointReader(qdir)
+    a = "model.layers.1.self_attn"
+    mla = engine.model.layers[1].attn
+    for name, proj in (("q_a", "q_a_proj"), ("kv_a", "kv_a_proj_with_mqa"), ("o", "o_proj")):
+        assert torch.equal(getattr(mla, name).weight[0].view(torch.uint8), stored.get(f"{a}.{proj}.weight").view(torch.uint8))
+    deq = load_file(str(deq_dir / "model.safetensors"))
+    torch.testing.assert_close(mla.kv_b, deq[f"{a}.kv_b_proj.weight"], rtol=0, atol=0)
+    deq["lm_head.weight"] = fp8_round_trip(deq["lm_head.weight"])
+    save_file(deq, str(deq_dir / "model.safetensors"))
+    ref = tf.AutoModelForCausalLM.from_pretrained(deq_dir, dtype=torch.float32).eval()
+    res = run_prompts(engine, [PROMPT], 8)[0]
+    assert_logprobs_close(res.prompt_logprobs, prompt_logprobs(ref, PROMPT))
+    assert res.token_ids == greedy(ref, PROMPT, 8)
