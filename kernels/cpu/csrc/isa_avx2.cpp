@@ -69,6 +69,12 @@ struct V {
     }
   }
 
+  // E8M0 block scales -> float32 multipliers 2^(s - 127) (s == 0: the subnormal 2^-127)
+  static void e8m0_to_float(const uint8_t* p, int64_t n, float* out) {
+    uint32_t* bits = reinterpret_cast<uint32_t*>(out);
+    for (int64_t i = 0; i < n; ++i) bits[i] = p[i] ? uint32_t(p[i]) << 23 : 0x00400000u;
+  }
+
   static constexpr bool BF16_DOT = false;  // no bfloat16 dot products in this variant
 
   static void e2m1_chunk1(const uint8_t* p, float a, F* out) { e2m1_chunk(p, a, a, out); }

@@ -76,6 +76,18 @@ struct V {
     }
   }
 
+  // E8M0 block scales -> float32 multipliers 2^(s - 127) by placing s in the exponent field; s == 0
+  // (no exponent field for 2^-127) is the subnormal 0x00400000.
+  static void e8m0_to_float(const uint8_t* p, int64_t n, float* out) {
+    const __m512i sub = _mm512_set1_epi32(0x00400000);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 live = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);  // the last may be partial
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, p + i));
+      const __m512i bits = _mm512_mask_mov_epi32(_mm512_slli_epi32(b, 23), _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), sub);
+      _mm512_mask_storeu_epi32(out + i, live, bits);
+    }
+  }
+
   // The 4-bit formats against activation rows that hold bfloat16 values (the bfloat16 compute dtype),
   // where the CPU has AVX512-BF16 (the caller checks): E2M1 values are bfloat16 values, so vdpbf16ps
   // multiplies exactly and accumulates in float32, two elements per lane, at half the instructions

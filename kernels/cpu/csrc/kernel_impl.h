@@ -92,11 +92,7 @@ struct DecMXFP4 {
   int64_t ss_r, kb;
   Row row(int64_t n) const { return {base + n * stride, nullptr}; }
   const uint8_t* scale_row(int64_t n) const { return scale + n * ss_r; }
-  void scales(int64_t n, float* out) const {  // 2^(s - 127), s == 0 the subnormal 2^-127
-    const uint8_t* s = scale + n * ss_r;
-    uint32_t* bits = reinterpret_cast<uint32_t*>(out);
-    for (int64_t i = 0; i < kb; ++i) bits[i] = s[i] ? uint32_t(s[i]) << 23 : 0x00400000u;
-  }
+  void scales(int64_t n, float* out) const { V::e8m0_to_float(scale + n * ss_r, kb, out); }  // 2^(s - 127)
   void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const { V::e2m1_chunk1(p, r.s[c], out); }
 };
 
