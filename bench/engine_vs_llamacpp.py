@@ -5,7 +5,7 @@ expert's bytes once.
   pip install -e .[bench]   # llama-cpp-python, compiled from source by pip (cmake, a C++ compiler;
                             # CMAKE_ARGS=-DLLAVA_BUILD=OFF skips its multimodal library)
   python bench/engine_vs_llamacpp.py [--shape qwen3-sparse] [--model DIR] [--new-tokens 64] [--threads 2]
-      [--repeats 3] [--llama-4bit mxfp4|q4_0] [--sdist llama_cpp_python-X.tar.gz]
+      [--repeats 3] [--llama-4bit mxfp4|q4_0] [--dense-dtype fp8] [--sdist llama_cpp_python-X.tar.gz]
 
 The checkpoint (bench/shapes.py; default the random Qwen3-MoE of realistic proportions, 64 experts,
 top-8, bf16, 2.7 GB, with the demo model's tokenizer) is converted with llama.cpp's own
@@ -16,6 +16,11 @@ quantized with llama.cpp's quantizer (bench/llamacpp_gguf.py); GGUF files are ca
   4-bit   llama.cpp: --llama-4bit (default MXFP4_MOE: experts MXFP4, other matrices Q8_0; falls
           back to Q4_0, and says so, where the quantizer refuses MXFP4 for the architecture)
           moemesh: --experts-dtype mxfp4 (other matrices bf16), compute bf16
+  4-bit+8 llama.cpp: the same 4-bit GGUF, measured again beside this row's engine
+          moemesh: --experts-dtype mxfp4 with the attention projections and LM head in BlockwiseFP8
+          (`EngineConfig.dense_dtype="fp8"`): the configuration of llama.cpp's MXFP4_MOE (8-bit
+          matrices beside 4-bit experts), compute bf16
+--dense-dtype sets the dense format of the bf16 and 4-bit rows' engines (default: bf16, as above).
 Both sides decode greedily, batch 1, from the same prompt token ids, with --threads threads
 (llama.cpp n_threads; torch threads in the engine's own process, bench/engine_worker.py), timed
 from the first generated token to the last (prefill excluded); each figure is the best of --repeats
@@ -37,6 +42,7 @@ if __name__ == "__main__":  # as a script: the repository root instead of bench/
 
 from bench.shapes import SHAPES, checkpoint_dir
 from bench.timing import Rate, best, now, rate
+from kernels.prepare import DENSE_DTYPES
 
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
 SWITCH_PAUSE_S = 0.3  # between the two sides: the other side's idle OpenMP threads stop spinning
@@ -61,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--llama-4bit", choices=("mxfp4", "q4_0"), default="mxfp4", help="llama.cpp's 4-bit type")
+    ap.add_argument("--dense-dtype", choices=DENSE_DTYPES, default=None,
+                    help="EngineConfig.dense_dtype of the bf16 and 4-bit rows' engines (the 4-bit+8 row always holds them in fp8)")
     ap.add_argument("--sdist", type=Path, default=None, help="a llama-cpp-python source package to take the converter from "
                     "(default: pip download of the installed version)")
     a = ap.parse_args(argv)
@@ -104,7 +112,9 @@ def gguf_files(model_dir: Path, a: argparse.Namespace, progress) -> tuple[Path, 
         return bf16, gguf_file(model_dir, "q4_0", a.threads, a.sdist, progress), "q4_0"
 
 
-def measure_row(model_dir: Path, gguf: Path, experts_dtype: str | None, prompt: list[int], a) -> tuple[Side, Side]:
+def measure_row(
+    model_dir: Path, gguf: Path, experts_dtype: str | None, dense_dtype: str | None, prompt: list[int], a
+) -> tuple[Side, Side]:
     """(llama.cpp, moemesh) for one row, runs alternating."""
     from llama_cpp import Llama
 
@@ -116,7 +126,7 @@ def measure_row(model_dir: Path, gguf: Path, experts_dtype: str | None, prompt: 
     llm = Llama(str(gguf), n_ctx=n_ctx, n_batch=max(len(prompt), 32), n_threads=a.threads, n_threads_batch=a.threads,
                 verbose=False)
     llama_load = time.perf_counter() - start
-    config = EngineConfig(str(model_dir), dtype="bfloat16", experts_dtype=experts_dtype, num_threads=a.threads,
+    config = EngineConfig(str(model_dir), dtype="bfloat16", experts_dtype=experts_dtype, dense_dtype=dense_dtype, num_threads=a.threads,
                           max_num_seqs=1, kv_cache_tokens=n_ctx)
     try:
         with EngineProcess(config) as engine:
@@ -146,23 +156,25 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = Path(a.model) if a.model else checkpoint_dir(a.shape, progress)
     prompt = prompt_ids(model_dir)
     bf16_gguf, q_gguf, q_kind = gguf_files(model_dir, a, progress)
-    rows = {
-        "bf16": (bf16_gguf, "bf16", None, "as stored (bf16)"),
-        "4-bit": (q_gguf, q_kind, "mxfp4", "--experts-dtype mxfp4, other matrices bf16"),
+    dense = a.dense_dtype or "bf16"
+    rows = {  # name: (GGUF, its kind, moemesh experts_dtype, moemesh dense_dtype, moemesh's formats)
+        "bf16": (bf16_gguf, "bf16", None, a.dense_dtype, f"experts as stored (bf16), other matrices {dense}"),
+        "4-bit": (q_gguf, q_kind, "mxfp4", a.dense_dtype, f"--experts-dtype mxfp4, other matrices {dense}"),
+        "4-bit+8": (q_gguf, q_kind, "mxfp4", "fp8", "--experts-dtype mxfp4 --dense-dtype fp8 (attention, LM head BlockwiseFP8)"),
     }
-    results = {name: measure_row(model_dir, gguf, fmt, prompt, a) for name, (gguf, _, fmt, _) in rows.items()}
+    results = {name: measure_row(model_dir, gguf, fmt, dfmt, prompt, a) for name, (gguf, _, fmt, dfmt, _) in rows.items()}
     print(f"{a.model or a.shape}: {model_dir}; llama.cpp from llama-cpp-python {version}; {a.threads} threads each side; "
           f"prompt of {len(prompt)} tokens, {a.new_tokens} new tokens (greedy, batch 1), best of {a.repeats}")
     print(f"{'row':<7}{'llama.cpp tok/s':>16}{'ms/step':>9}{'moemesh tok/s':>15}{'ms/step':>9}{'moemesh/llama.cpp':>19}   formats")
-    for name, (gguf, kind, _, ours_desc) in rows.items():
+    for name, (gguf, kind, _, _, ours_desc) in rows.items():
         theirs, ours = results[name]
         print(f"{name:<7}{theirs.rate.wall:>16.1f}{theirs.rate.step_s * 1e3:>9.1f}{ours.rate.wall:>15.1f}{ours.rate.step_s * 1e3:>9.1f}"
               f"{ours.rate.wall / theirs.rate.wall:>19.2f}   llama.cpp {QUANT_DESCRIPTIONS[kind]}; moemesh {ours_desc}")
-    (lb, mb_), (lq, mq) = results["bf16"], results["4-bit"]
-    print(f"4-bit / bf16: llama.cpp {lq.rate.wall / lb.rate.wall:.2f}x, moemesh {mq.rate.wall / mb_.rate.wall:.2f}x; "
-          f"moemesh 4-bit / llama.cpp bf16 {mq.rate.wall / lb.rate.wall:.2f}x")
-    print(f"load s: llama.cpp bf16 {lb.load_s:.1f}, {q_kind} {lq.load_s:.1f} (memory-mapped GGUF); "
-          f"moemesh bf16 {mb_.load_s:.1f}, mxfp4 {mq.load_s:.1f} (fresh process, quantized on load)")
+    (lb, mb_), (lq, mq), (lq8, mq8) = results["bf16"], results["4-bit"], results["4-bit+8"]
+    print(f"4-bit / bf16: llama.cpp {lq.rate.wall / lb.rate.wall:.2f}x, moemesh {mq.rate.wall / mb_.rate.wall:.2f}x "
+          f"(4-bit+8: {mq8.rate.wall / mb_.rate.wall:.2f}x); moemesh 4-bit / llama.cpp bf16 {mq.rate.wall / lb.rate.wall:.2f}x")
+    print(f"load s: llama.cpp bf16 {lb.load_s:.1f}, {q_kind} {lq.load_s:.1f}, {lq8.load_s:.1f} (memory-mapped GGUF); "
+          f"moemesh bf16 {mb_.load_s:.1f}, mxfp4 {mq.load_s:.1f}, mxfp4+fp8 {mq8.load_s:.1f} (fresh process, quantized on load)")
     return 0
 
 

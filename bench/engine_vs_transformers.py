@@ -2,14 +2,16 @@
 the weight bytes each step reads, the engine's load time and memory, and every expert format.
 
   python bench/engine_vs_transformers.py [--shape demo|qwen3-sparse|qwen3-sparse-tiny] [--model DIR]
-      [--dtypes float32,bfloat16] [--experts-dtypes bf16,fp8,mxfp4,nvfp4] [--new-tokens 32]
+      [--dtypes float32,bfloat16] [--experts-dtypes bf16,fp8,mxfp4,nvfp4] [--dense-dtype fp8] [--new-tokens 32]
       [--concurrent 16] [--threads 2] [--repeats 2] [--pack-experts auto|on|off] [--no-all-experts-path]
 
 Checkpoints (`bench/shapes.py`): `demo` is the demo model when built (`moemesh demo-model`), else a
 random checkpoint of its shape (SmolLM2-135M as an 8-expert Mixtral, top-8 of 8: every token to every
 expert); `qwen3-sparse` is a random Qwen3-MoE of realistic proportions (hidden 1024, 16 layers, 64
 experts of 384, top-8, 16/4 heads of 64, bf16, 2.7 GB), built once into ~/.cache/moemesh/bench;
-`--model DIR` takes any checkpoint instead. `--no-all-experts-path` runs the engine without the path
+`--model DIR` takes any checkpoint instead. `--dense-dtype fp8` holds every engine's attention
+projections, dense MLPs and LM head in BlockwiseFP8 (`EngineConfig.dense_dtype`; default: the
+compute dtype), transformers keeping them in the compute dtype. `--no-all-experts-path` runs the engine without the path
 that computes steps sending every token to every expert as two matmuls over the experts side by side
 (`EngineConfig.all_experts_path`): every step then runs `kernels.moe_mlp`.
 
@@ -52,6 +54,7 @@ from bench.engine_worker import EngineProcess, LoadReport, Memory
 from bench.shapes import SHAPES, checkpoint_bytes, checkpoint_dir
 from bench.timing import Rate, best, now, rate
 from bench.traffic import bandwidth, copy_bandwidth_gbs, expert_bytes, step_bytes
+from kernels.prepare import DENSE_DTYPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 EXPERT_FORMATS = ("bf16", "fp8", "mxfp4", "nvfp4")
@@ -73,6 +76,7 @@ class BenchConfig:
     repeats: int
     pack_experts: bool | None
     all_experts_path: bool = True
+    dense_dtype: str | None = None
 
 
 def comma_list(value: str, choices, flag: str) -> tuple[str, ...]:
@@ -90,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     ap.add_argument("--dtypes", type=lambda v: comma_list(v, DTYPES, "--dtypes"), default=tuple(DTYPES))
     ap.add_argument("--experts-dtypes", type=lambda v: comma_list(v, EXPERT_FORMATS, "--experts-dtypes"), default=EXPERT_FORMATS,
                     help="expert formats to compare side by side ('' = none)")
+    ap.add_argument("--dense-dtype", choices=DENSE_DTYPES, default=None,
+                    help="EngineConfig.dense_dtype of every engine: the attention projections, dense MLPs and LM head in this "
+                         "format (default: the compute dtype)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--concurrent", type=int, default=16)
@@ -108,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     if a.new_tokens < 2:
         ap.error("--new-tokens must be >= 2 (decode is timed from the first generated token to the last)")
     return BenchConfig(a.shape, a.model, a.dtypes, a.experts_dtypes, a.new_tokens, a.prompt_len, a.concurrent,
-                       a.threads, a.repeats, PACK_CHOICES[a.pack_experts], a.all_experts_path)
+                       a.threads, a.repeats, PACK_CHOICES[a.pack_experts], a.all_experts_path, a.dense_dtype)
 
 
 def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -144,7 +151,7 @@ def engine_config(cfg: BenchConfig, model_dir: Path, dtype: str, experts_dtype: 
     from moemesh.engine import EngineConfig
 
     return EngineConfig(
-        str(model_dir), dtype=dtype, experts_dtype=experts_dtype, max_num_seqs=cfg.concurrent,
+        str(model_dir), dtype=dtype, experts_dtype=experts_dtype, dense_dtype=cfg.dense_dtype, max_num_seqs=cfg.concurrent,
         kv_cache_tokens=cfg.concurrent * (cfg.prompt_len + cfg.new_tokens + 16), num_threads=cfg.threads,
         pack_experts=cfg.pack_experts, all_experts_path=cfg.all_experts_path,
     )
@@ -218,7 +225,7 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
         print(f"{label:<16}{e.wall:>15.1f}{h.wall:>14.1f}{e.wall / h.wall:>7.2f}   {e.cpu:>18.1f}{h.cpu:>14.1f}{e.cpu / h.cpu:>7.2f}")
     stored = expert_bytes(model_dir, dtype, None)
     for batch, r in ((1, run.one), (n, run.many)):
-        traffic = step_bytes(mcfg, dtype, stored, batch)
+        traffic = step_bytes(mcfg, dtype, stored, batch, dense_dtype=cfg.dense_dtype)
         step_cpu = batch / r.cpu  # CPU seconds per step
         print(f"batch {batch}: {traffic.describe()}; in {r.step_s * 1e3:.1f} ms = {bandwidth(traffic, r.step_s, limit_gbs)}; "
               f"per CPU-second {traffic.total / step_cpu / 1e9:.1f} GB/s")
@@ -238,7 +245,7 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
         per_expert = expert_bytes(model_dir, dtype, fmt)
         cells = []
         for batch, rt, ref in ((1, r.one, base.one if base else None), (n, r.many, base.many if base else None)):
-            gbs = step_bytes(mcfg, dtype, per_expert, batch).total / rt.step_s / 1e9
+            gbs = step_bytes(mcfg, dtype, per_expert, batch, dense_dtype=cfg.dense_dtype).total / rt.step_s / 1e9
             ratio = f"{rt.wall / ref.wall:.2f}" if ref else "-"
             cells.append(f"{rt.wall:>10.1f}{ratio:>8}{gbs:>7.1f}{gbs / limit_gbs:>8.0%}")
         print(f"{fmt:<8}{r.load.load_s:>8.1f}{r.memory.peak_rss / 1e9:>9.2f}G{r.memory.peak_rss / ckpt:>8.2f}{cells[0]}{cells[1]}")
@@ -250,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = copy_bandwidth_gbs()
     model_dir = Path(cfg.model) if cfg.model else checkpoint_dir(cfg.shape, progress=lambda m: print(m, file=sys.stderr))
     print(f"{cfg.model or cfg.shape}: {model_dir} ({gb(checkpoint_bytes(model_dir))}); threads {cfg.threads}, "
-          f"pack_experts {cfg.pack_experts}, all_experts_path {cfg.all_experts_path}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}; "
+          f"pack_experts {cfg.pack_experts}, all_experts_path {cfg.all_experts_path}, dense_dtype {cfg.dense_dtype}, {cfg.new_tokens} new tokens, prompts of {cfg.prompt_len}, best of {cfg.repeats}; "
           f"copy bandwidth {limit:.1f} GB/s")
     for d in cfg.dtypes:
         bench_dtype(cfg, model_dir, d, limit)

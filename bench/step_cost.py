@@ -1,7 +1,7 @@
 """The CPU work of one engine decode step: Python calls, torch operations, and milliseconds.
 
   python bench/step_cost.py [--shape demo|qwen3-sparse|qwen3-sparse-tiny] [--model DIR]
-      [--dtype bfloat16|float32] [--experts-dtype fp8|mxfp4|nvfp4|...] [--concurrent 16] [--steps 20] [--threads 1] [--top 0]
+      [--dtype bfloat16|float32] [--experts-dtype fp8|mxfp4|nvfp4|...] [--dense-dtype fp8] [--concurrent 16] [--steps 20] [--threads 1] [--top 0]
 
 --concurrent greedy requests decode together; after a few warm-up steps it prints, per decode step:
 the Python function calls (cProfile, counted over 3 steps), the torch operations dispatched
@@ -29,6 +29,7 @@ if __name__ == "__main__":  # as a script: the repository root instead of bench/
     sys.path[:] = [str(_root)] + [p for p in sys.path if Path(p or ".").resolve() != _root / "bench"]
 
 from bench.shapes import SHAPES, checkpoint_dir
+from kernels.prepare import DENSE_DTYPES
 
 WARMUP_STEPS = 4
 PROFILED_STEPS = 3
@@ -53,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="a checkpoint directory instead of --shape's")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--experts-dtype", default=None, help="expert weight format (EngineConfig.experts_dtype); unset: as stored")
+    p.add_argument("--dense-dtype", choices=DENSE_DTYPES, default=None,
+                   help="format of the attention projections, dense MLPs and LM head (EngineConfig.dense_dtype); unset: the compute dtype")
     p.add_argument("--concurrent", type=int, default=16)
     p.add_argument("--steps", type=int, default=20, help="timed decode steps")
     p.add_argument("--threads", type=int, default=1)
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     model = ns.model or str(checkpoint_dir(ns.shape, progress=lambda msg: print(msg, file=sys.stderr)))
     torch.set_num_threads(ns.threads)
-    engine = LLMEngine(EngineConfig(model_dir=model, dtype=ns.dtype, experts_dtype=ns.experts_dtype, num_threads=ns.threads))
+    engine = LLMEngine(EngineConfig(model_dir=model, dtype=ns.dtype, experts_dtype=ns.experts_dtype, dense_dtype=ns.dense_dtype,
+                                    num_threads=ns.threads))
     total = WARMUP_STEPS + PROFILED_STEPS + COUNTED_STEPS + 2 * ns.steps
     params = SamplingParams(max_new_tokens=total + 1, temperature=0.0, ignore_eos=True)
     for i in range(ns.concurrent):  # short distinct prompts: one prefill step, then decode steps only
@@ -143,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu.sort()
     split = outside_the_gemms(engine, ns.steps)
 
-    print(f"{model}: {ns.dtype}, experts {ns.experts_dtype or 'as stored'}, {ns.concurrent} decoding, {ns.threads} thread(s)")
+    print(f"{model}: {ns.dtype}, experts {ns.experts_dtype or 'as stored'}, dense linears {ns.dense_dtype or ns.dtype}, "
+          f"{ns.concurrent} decoding, {ns.threads} thread(s)")
     print(f"per decode step: {sum(calls.values()):.0f} Python calls, {sum(ops.counts.values()) / COUNTED_STEPS:.0f} torch ops; "
           f"wall ms median {1000 * wall[len(wall) // 2]:.2f} (fastest {1000 * wall[0]:.2f}), "
           f"thread CPU ms median {1000 * cpu[len(cpu) // 2]:.2f} (fastest {1000 * cpu[0]:.2f}) over {ns.steps} steps")

@@ -75,19 +75,31 @@ def expert_bytes(model_dir: str | Path, dtype: torch.dtype, experts_dtype: str |
     return w.nbytes
 
 
-def step_bytes(cfg: ModelConfig, dtype: torch.dtype, one_expert_bytes: int, batch: int, top_k: int | None = None) -> StepBytes:
-    """The weight bytes of a decode step at `batch`, non-expert weights held in `dtype`."""
+def step_bytes(
+    cfg: ModelConfig, dtype: torch.dtype, one_expert_bytes: int, batch: int, top_k: int | None = None,
+    dense_dtype: str | None = None,
+) -> StepBytes:
+    """The weight bytes of a decode step at `batch`, non-expert weights held in `dtype`; with dense_dtype
+    "fp8" (`EngineConfig.dense_dtype`) the attention projections, dense MLPs and LM head in BlockwiseFP8
+    (a byte per element and a float32 scale per 128 x 128 block)."""
     size = dtype.itemsize
+
+    def matrix(n: int, k: int) -> int:  # one dense linear's weight [n, k] as held
+        if dense_dtype == "fp8":
+            return n * k + 4 * -(-n // 128) * -(-k // 128)
+        return n * k * size
+
     h, d, nh, kvh = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-    attention = cfg.num_layers * ((nh + 2 * kvh) * d * h + h * nh * d) * size
+    attention = cfg.num_layers * (matrix((nh + 2 * kvh) * d, h) + matrix(h, nh * d))
     moe = cfg.moe_layers
     dense_layers = cfg.num_layers - len(moe)
     norms = (2 * cfg.num_layers + 1) * h + (2 * d * cfg.num_layers if cfg.qk_norm else 0)
-    other = (len(moe) * cfg.num_experts * h + dense_layers * 3 * h * cfg.intermediate_size + norms) * size
+    other = (len(moe) * cfg.num_experts * h + norms) * size
+    other += dense_layers * (matrix(2 * cfg.intermediate_size, h) + matrix(h, cfg.intermediate_size))
     distinct = expected_distinct_experts(cfg.num_experts, top_k or cfg.top_k, batch) if moe else 0.0
     return StepBytes(
         batch=batch, distinct_experts=distinct, num_experts=cfg.num_experts, experts=len(moe) * distinct * one_expert_bytes,
-        attention=attention, lm_head=cfg.vocab_size * h * size, other=other,
+        attention=attention, lm_head=matrix(cfg.vocab_size, h), other=other,
     )
 
 

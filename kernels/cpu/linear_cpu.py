@@ -1,5 +1,8 @@
 """Dense `x @ w.T` on the compiled CPU kernels: the row-streaming (and tiled) GEMV kernels the experts
-run, for the attention projections and the LM head at decode sizes.
+run, for the attention projections, dense MLPs and the LM head at decode sizes. w is a plain float32
+or bfloat16 matrix, or one held in a quantized format (kernels.formats) as a single "expert"
+([1, N, K], e.g. `quantize_fp8_block(w)` of an [N, K] matrix): the kernels read its stored bytes in
+place, as they read an expert's.
 
 Shape legend: M rows of activations, K reduction dim, N output columns (rows of w).
 """
@@ -9,7 +12,9 @@ import torch
 from torch import Tensor
 
 from kernels.cpu.build import extension
+from kernels.cpu.moe_mlp_cpu import FMT_BF16, FMT_F32, projection_args
 from kernels.cpu.variant import selected_variant
+from kernels.experts import QUANTIZED_TYPES
 
 DTYPES = (torch.float32, torch.bfloat16)
 # Rows up to which the compiled kernels take x @ w.T, by weight dtype: float32 read 1.3-2.3x faster
@@ -17,15 +22,30 @@ DTYPES = (torch.float32, torch.bfloat16)
 # layout at one row (and beats a plain bfloat16 matrix there), and falls behind it above
 # (docs/benchmarks.md). Above these (prefill) torch's GEMMs run.
 MAX_ROWS = {torch.float32: 16, torch.bfloat16: 1}
+# Rows up to which a quantized w runs on the compiled kernels: they read its bytes once for all rows,
+# where torch must first dequantize the whole matrix into a copy (a table gather per element, many
+# times the cost of the matrix's own read) and only wins once that copy serves a prefill's many rows:
+# on the sparse shape's attention matrices, side by side, the two crossed at several hundred rows for
+# bfloat16 and later for float32; below that the kernels were faster by up to an order of magnitude.
+MAX_QUANTIZED_ROWS = 256
+
+_EMPTY = torch.empty(0)
+_INTS = {torch.float32: FMT_F32, torch.bfloat16: FMT_BF16}
 
 
-def linear_cpu_variant(x: Tensor, w: Tensor) -> str | None:
+def linear_cpu_variant(x: Tensor, w) -> str | None:
     """The variant `layers.linear` runs x @ w.T on with `linear_cpu`, or None (then torch runs it): both
-    on the CPU, float32 or bfloat16 of one dtype, w [N, K] plain with unit stride along K, at most
-    MAX_ROWS[dtype] rows, a compiled variant selected."""
+    on the CPU, x float32 or bfloat16; w of x's dtype, [N, K] plain with unit stride along K and at most
+    MAX_ROWS[dtype] rows, or a one-matrix quantized w the kernels read with at most MAX_QUANTIZED_ROWS
+    rows; a compiled variant selected."""
+    if not (x.dim() == 2 and x.dtype in DTYPES and x.device.type == "cpu" and w.device.type == "cpu"):
+        return None
+    if isinstance(w, QUANTIZED_TYPES):
+        if x.shape[0] > MAX_QUANTIZED_ROWS or w.shape[0] != 1 or w.shape[2] != x.shape[1] or projection_args(w) is None:
+            return None
+        return selected_variant()
     if not (
-        x.dim() == 2 and w.dim() == 2 and x.dtype in DTYPES and w.dtype == x.dtype and x.shape[0] <= MAX_ROWS[x.dtype]
-        and not w.is_mkldnn and x.device.type == "cpu" and w.device.type == "cpu" and w.stride(-1) == 1
+        w.dim() == 2 and w.dtype == x.dtype and x.shape[0] <= MAX_ROWS[x.dtype] and not w.is_mkldnn and w.stride(-1) == 1
     ):
         return None
     return selected_variant()
@@ -38,18 +58,28 @@ def holds_plain(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32 and device.type == "cpu" and torch.get_num_threads() == 1 and selected_variant() is not None
 
 
-def linear_cpu(x: Tensor, w: Tensor, variant: str | None = None) -> Tensor:
-    """x [M, K] @ w [N, K].T -> [M, N] in x.dtype, accumulated in float32. variant as in
-    `kernels.cpu.moe_mlp_cpu.moe_mlp_cpu`; ValueError where the compiled kernels cannot run."""
+def linear_cpu(x: Tensor, w, variant: str | None = None) -> Tensor:
+    """x [M, K] @ w [N, K].T -> [M, N] in x.dtype, accumulated in float32; w float32 / bfloat16 [N, K], or
+    a quantized one-matrix w ([1, N, K]). variant as in `kernels.cpu.moe_mlp_cpu.moe_mlp_cpu`;
+    ValueError where the compiled kernels cannot run."""
     chosen = selected_variant(variant)
     if chosen is None:
         raise ValueError("linear_cpu: no compiled CPU kernel variant is available here (or the torch path was asked for)")
-    if x.dtype not in DTYPES or w.dtype not in DTYPES:
-        raise ValueError(f"linear_cpu: x and w must be float32 or bfloat16, got {x.dtype} and {w.dtype}")
+    if x.dtype not in DTYPES:
+        raise ValueError(f"linear_cpu: x must be float32 or bfloat16, got {x.dtype}")
+    if isinstance(w, QUANTIZED_TYPES):
+        if w.shape[0] != 1 or projection_args(w) is None:
+            raise ValueError(f"linear_cpu: w must be one matrix ([1, N, K]) in a layout the kernels read, got {type(w).__name__} {tuple(w.shape)}")
+    elif w.dtype not in DTYPES:
+        raise ValueError(f"linear_cpu: w must be float32, bfloat16 or a quantized format, got {w.dtype}")
     return run_linear(x, w, chosen)
 
 
-def run_linear(x: Tensor, w: Tensor, variant: str) -> Tensor:
+def run_linear(x: Tensor, w, variant: str) -> Tensor:
     """`linear_cpu` on a variant already chosen (the extension checks shapes and dtypes)."""
-    out = extension().linear(x.contiguous(), w, variant)  # [M, N] float32
+    if isinstance(w, Tensor):  # [N, K]: handed over as is, its format code from the dtype
+        args = ([_INTS.get(w.dtype, -1), w.shape[-1], 1, 1, 1, 1], w, _EMPTY, _EMPTY)
+    else:
+        args = projection_args(w)  # [1, N, K] stored bytes, scales
+    out = extension().linear(x.contiguous(), *args, variant)  # [M, N] float32
     return out if x.dtype == torch.float32 else out.to(x.dtype)

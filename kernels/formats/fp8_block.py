@@ -176,3 +176,44 @@ def cat_fp8_block(parts: list[FP8BlockExperts]) -> FP8BlockExperts:
         parts[0].block,
         sum(p.segments for p in parts),
     )
+
+
+def permute_fp8_rows(w: FP8BlockExperts, index: Tensor) -> FP8BlockExperts:
+    """Rows of one-matrix w [1, N, K] reordered (row i of the result = row index[i] of w) with every byte
+    and scale kept: each row must stay within its block of rows (as a per-head permutation of the head
+    dims does where a head's rows lie in one block), so the scales need no change; ValueError otherwise."""
+    if w.weight.shape[0] != 1 or index.shape != (w.weight.shape[1],):
+        raise ValueError(f"index: expected {w.weight.shape[1]} rows of one matrix, got {tuple(index.shape)} for {tuple(w.shape)}")
+    rows = w.row_to_scale_row()
+    if not bool((rows[index] == rows).all()):
+        raise ValueError(
+            f"index: moves rows across FP8 blocks of {w.block[0]} rows; the stored scales cannot follow (the block "
+            "height must be a multiple of the permuted group)"
+        )
+    return FP8BlockExperts(w.weight[:, index].contiguous(), w.scale, w.block, w.segments)
+
+
+def cat_fp8_rows(parts: list[FP8BlockExperts]) -> FP8BlockExperts:
+    """One-matrix projections [1, N_i, K] of different row counts (q | k | v as stored) -> one [1, sum N_i, K]
+    with every byte and scale value kept. The result has S equal row segments of s rows, s the largest
+    divisor of every N_i that is a multiple of BN or divides BN: each segment's rows then lie in whole
+    blocks of its part (s % BN == 0: its own BN-row blocks; BN % s == 0: within one block, whose scale
+    row the segment gets a copy of), so the segment grid of the format holds the parts' block grids."""
+    if not parts:
+        raise ValueError("parts: empty")
+    if any(p.weight.shape[0] != 1 or p.segments != 1 for p in parts):
+        raise ValueError("parts: each must be one matrix [1, N, K] of one segment")
+    if len({p.block for p in parts}) != 1 or len({p.weight.shape[2] for p in parts}) != 1:
+        raise ValueError("parts: every part must have the same block and K")
+    bn = parts[0].block[0]
+    g = 0
+    for p in parts:
+        g = math.gcd(g, p.weight.shape[1])
+    s = max(d for d in range(1, g + 1) if g % d == 0 and (d % bn == 0 or bn % d == 0))
+    scales = []
+    for p in parts:
+        for o in range(0, p.weight.shape[1], s):  # segment at row o of this part
+            first = o // bn
+            scales.append(p.scale[:, first : first + math.ceil(s / bn)])  # [1, ceil(s/BN), KB]
+    weight = torch.cat([p.weight for p in parts], dim=1)  # [1, N, K]
+    return FP8BlockExperts(weight, torch.cat(scales, dim=1).contiguous(), parts[0].block, weight.shape[1] // s)

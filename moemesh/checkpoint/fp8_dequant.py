@@ -1,13 +1,15 @@
-"""Non-expert weights of a BlockwiseFP8 checkpoint (`quant_method: fp8`, DeepSeek's layout), dequantized at load.
+"""Non-expert weights of a BlockwiseFP8 checkpoint (`quant_method: fp8`, DeepSeek's layout): dequantized at
+load, or kept as stored for a model that holds its dense linears in FP8 (`dense_dtype="fp8"`).
 
 DeepSeek-V3 / Kimi-K2 FP8 checkpoints, and those of the other families published in the same format
 (Qwen3-MoE, Qwen3-Next, MiniMax-M2, ...), store every linear layer except the embeddings, norms, router
 and LM head as `weight float8_e4m3fn [N, K]` + `weight_scale_inv float32 [ceil(N/BN), ceil(K/BK)]`
 (a multiplier; BN x BK = `quantization_config.weight_block_size`, edge blocks partial).
-Decision: attention, dense-MLP and shared-expert weights are dequantized once at load into the compute
-dtype (they are a small share of the bytes and run on the attention side); routed experts stay FP8
-and are served as stored (moemesh.moe.expert_loader). Every model reads its non-expert weights through
-`weights_reader`."""
+By default attention, dense-MLP and shared-expert weights are dequantized once at load into the compute
+dtype; with `dense_dtype="fp8"` (`EngineConfig.dense_dtype`) they are handed over as stored
+(`FP8BlockExperts` of one matrix, [1, N, K]), for `moemesh.models.layers.matmul_layout` to keep (no
+dequantize and re-quantize). Routed experts stay FP8 and are served as stored
+(moemesh.moe.expert_loader). Every model reads its non-expert weights through `weights_reader`."""
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -32,11 +34,13 @@ def fp8_block_size(raw_config: dict[str, Any]) -> tuple[int, int] | None:
 
 
 class DequantizingReader:
-    """A CheckpointReader whose `get` returns FP8 block-quantized weights dequantized (same interface)."""
+    """A CheckpointReader whose `get` returns FP8 block-quantized weights dequantized (same interface), or,
+    with keep_stored, as stored (an `FP8BlockExperts` [1, N, K]; the dtype argument does not apply)."""
 
-    def __init__(self, reader: CheckpointReader, block: tuple[int, int]) -> None:
+    def __init__(self, reader: CheckpointReader, block: tuple[int, int], keep_stored: bool = False) -> None:
         self.reader = reader
         self.block = block
+        self.keep_stored = keep_stored
 
     def has(self, name: str) -> bool:
         return self.reader.has(name)
@@ -49,9 +53,13 @@ class DequantizingReader:
         if not (name.endswith(".weight") and self.reader.has(scale_name)):
             return self.reader.get(name, shape=shape, dtype=dtype)
         w = fp8_block_from_checkpoint(self.reader.get(name, shape=shape), self.reader.get(scale_name), self.block)
-        return w.dequantize(dtype or torch.float32)[0]
+        return w if self.keep_stored else w.dequantize(dtype or torch.float32)[0]
 
 
-def weights_reader(reader: CheckpointReader, raw_config: dict[str, Any]) -> CheckpointReader | DequantizingReader:
+def weights_reader(
+    reader: CheckpointReader, raw_config: dict[str, Any], dense_dtype: str | None = None
+) -> CheckpointReader | DequantizingReader:
+    """The reader a model takes its non-expert weights from: FP8-stored ones dequantized, or kept as
+    stored where the model holds its dense linears in FP8 (dense_dtype "fp8")."""
     block = fp8_block_size(raw_config)
-    return reader if block is None else DequantizingReader(reader, block)
+    return reader if block is None else DequantizingReader(reader, block, keep_stored=dense_dtype == "fp8")

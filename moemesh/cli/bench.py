@@ -55,7 +55,7 @@ def bench(ns: argparse.Namespace, work) -> list:
     if ns.addr:
         from moemesh.svc_config import from_sources
 
-        spec = from_sources(RunMeshConfig, None, ns).mesh  # --model and --experts-dtype only matter to --compare-engine
+        spec = from_sources(RunMeshConfig, None, ns).mesh  # --model, --experts-dtype and --dense-dtype only matter to --compare-engine
         results.append(asyncio.run(run_grpc(ns.addr, work, name=f"mesh {ns.addr}", api_key=api_key)))
     else:
         cfg = mesh_config(ns)
@@ -75,10 +75,11 @@ def bench(ns: argparse.Namespace, work) -> list:
 
 
 def in_process_engine(spec, micro_batches: int):
-    """The engine the mesh is compared with: the mesh's model, expert format and all-experts switch."""
+    """The engine the mesh is compared with: the mesh's model, expert and dense formats and all-experts switch."""
     from moemesh.engine import EngineConfig, LLMEngine
 
-    return LLMEngine(EngineConfig(model_dir=spec.model_dir, experts_dtype=spec.experts_dtype, micro_batches=micro_batches,
+    return LLMEngine(EngineConfig(model_dir=spec.model_dir, experts_dtype=spec.experts_dtype, dense_dtype=spec.dense_dtype,
+                                  micro_batches=micro_batches,
                                   all_experts_path=spec.all_experts_path))
 
 

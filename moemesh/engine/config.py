@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.prepare import EXPERT_DTYPES
+from kernels.prepare import DENSE_DTYPES, EXPERT_DTYPES, check_dense_dtype
 from moemesh.engine.device import check_device
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
@@ -22,6 +22,10 @@ class EngineConfig:
     model_dir: str = field(metadata={"help": "Hugging Face model directory", "metavar": "DIR"})
     dtype: str = field(default="auto", metadata={"help": "compute dtype; auto = the checkpoint's", "choices": DTYPE_CHOICES})
     experts_dtype: str | None = field(default=None, metadata={"help": "expert weight format; unset = as stored", "choices": EXPERT_DTYPES})
+    dense_dtype: str | None = field(default=None, metadata={
+        "help": "format of the attention projections, dense MLPs, shared experts and LM head: fp8 = BlockwiseFP8 "
+                "128x128 (quantized at load, or kept as a BlockwiseFP8 checkpoint stores them); unset = the compute "
+                "dtype (embedding, router and norms always stay there)", "choices": DENSE_DTYPES})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
     kv_cache_tokens: int = field(default=8192, metadata={"help": "KV cache capacity in tokens (all sequences)"})
     max_num_seqs: int = field(default=64, metadata={"help": "sequences per step"})
@@ -54,6 +58,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.experts_dtype is not None and self.experts_dtype not in EXPERT_DTYPES:
             raise ValueError(f"experts_dtype must be one of {EXPERT_DTYPES} (or unset), got {self.experts_dtype!r}")
+        check_dense_dtype(self.dense_dtype)
         if self.micro_batches not in (1, 2):
             raise ValueError(f"micro_batches must be 1 or 2, got {self.micro_batches}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -49,7 +49,7 @@ class LLMEngine:
             raise ValueError(f"moe_top_k must be <= num_experts ({cfg.num_experts}), got {config.moe_top_k}")
         self.model, self.experts = build_model(
             cfg, reader, self.dtype, self.device, config.experts_dtype, expert_compute, config.pack_experts,
-            config.all_experts_path,
+            config.all_experts_path, config.dense_dtype,
         )
         self.max_model_len = min(cfg.max_position_embeddings, config.max_model_len or cfg.max_position_embeddings)
         kv_tokens = min(config.kv_cache_tokens, config.max_num_seqs * self.max_model_len)
@@ -277,14 +277,15 @@ class LLMEngine:
 def build_model(
     cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, device: torch.device,
     experts_dtype: str | None = None, expert_compute: ExpertCompute | None = None, pack_experts: bool | None = None,
-    all_experts_path: bool = True,
+    all_experts_path: bool = True, dense_dtype: str | None = None,
 ) -> tuple[object, ExpertCompute]:
     """The model (and, without `expert_compute`, its in-process experts) with every weight and table on
-    `device`: checkpoint tensors are moved there as they are read, factory calls allocate there."""
+    `device`: checkpoint tensors are moved there as they are read, factory calls allocate there.
+    dense_dtype: the format of the model's dense linears (`EngineConfig.dense_dtype`)."""
     if device.type != "cpu":
         reader = DeviceReader(reader, device)
     with torch.inference_mode(), on_device(device):
-        model = get_architecture(cfg.architecture).model_class(cfg, reader, dtype)
+        model = get_architecture(cfg.architecture).model_class(cfg, reader, dtype, dense_dtype=dense_dtype)
         experts = expert_compute or LocalExperts.from_checkpoint(reader, cfg, dtype, experts_dtype, pack_experts, all_experts_path)
     return model, experts
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from kernels.prepare import EXPERT_DTYPES
+from kernels.prepare import DENSE_DTYPES, EXPERT_DTYPES, check_dense_dtype
 from moemesh.rpc.config import RpcConfig
 from moemesh.rpc.security import SecurityConfig
 
@@ -53,6 +53,9 @@ class MeshSpec:
     expert_servers: int = field(default=2, metadata={"help": "expert server processes", "metavar": "N"})
     attention_replicas: int = field(default=1, metadata={"help": "attention replica processes", "metavar": "N"})
     experts_dtype: str | None = field(default=None, metadata={"help": "expert weight format; unset = as stored", "choices": EXPERT_DTYPES})
+    dense_dtype: str | None = field(default=None, metadata={
+        "help": "attention replicas hold the attention projections, dense MLPs and LM head in this format (fp8 = "
+                "BlockwiseFP8 128x128); unset = the compute dtype", "choices": DENSE_DTYPES})
     transport: str = field(default="grpc", metadata={
         "help": "attention <-> expert transport (auto: torch.distributed on this node, gRPC across nodes)", "choices": TRANSPORTS})
     host: str = "127.0.0.1"
@@ -102,6 +105,7 @@ class MeshSpec:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if self.experts_dtype is not None and self.experts_dtype not in EXPERT_DTYPES:
             raise ValueError(f"experts_dtype must be one of {EXPERT_DTYPES} (or unset), got {self.experts_dtype!r}")
+        check_dense_dtype(self.dense_dtype)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
@@ -222,6 +226,7 @@ class Mesh:
             attention = [
                 self._spawn(f"attention-{i}", "attention", {
                     "model_dir": s.model_dir, "control_addr": self.control_addr, "transport": s.transport,
+                    "dense_dtype": s.dense_dtype,
                     "num_threads": s.attention_threads or s.threads_per_process(),
                     "max_num_batched_tokens": s.max_num_batched_tokens or None,
                     # the replicas cache prefixes by default: the flag is passed only to turn it off

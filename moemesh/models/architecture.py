@@ -10,7 +10,8 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class ArchitectureSpec:
     """name: the `architectures[0]` string; parse_config(raw, generation) -> ModelConfig;
-    model_class: built as model_class(cfg, reader, dtype)."""
+    model_class: built as model_class(cfg, reader, dtype, dense_dtype=...) (dense_dtype: the format of
+    its dense linears, `EngineConfig.dense_dtype`; a class that cannot hold them so raises ValueError)."""
 
     name: str
     parse_config: Callable[[dict[str, Any], dict[str, Any]], Any]

@@ -21,8 +21,10 @@ from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
 from moemesh.models.layers import (
-    RotaryTable, add_rms_norm, linear, matmul_layout, packed_for_linear, rms_norm, rope_for_step, silu_mlp,
+    RotaryTable, add_rms_norm, as_tensor, cat_rows, held_bytes, linear, matmul_layout, packed_for_linear, rms_norm,
+    rope_for_step, silu_mlp,
 )
+from kernels.prepare import check_dense_dtype
 from moemesh.moe.dispatch import route
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.contracts.knobs import MoeKnobs
@@ -44,28 +46,39 @@ class DecoderLayer:
     attn: AttentionWeights
     post_norm: Tensor  # [H]
     router: Tensor | None  # [E, H] for MoE layers
-    mlp_gate_up: Tensor | None  # [2I, H] for dense layers
-    mlp_down: Tensor | None  # [H, I] for dense layers
+    mlp_gate_up: Tensor | None  # [2I, H] for dense layers (or as `matmul_layout` holds it)
+    mlp_down: Tensor | None  # [H, I] for dense layers (or as `matmul_layout` holds it)
 
 
 class MoeDecoderLM:
-    """Non-expert weights of a Llama-family MoE model; experts are reached through an ExpertCompute."""
+    """Non-expert weights of a Llama-family MoE model; experts are reached through an ExpertCompute.
+    dense_dtype (`EngineConfig.dense_dtype`): the format the attention projections, dense MLPs and LM
+    head are held in (None: the compute dtype; "fp8": BlockwiseFP8, see `matmul_layout`); the
+    embedding, router and norms stay in the compute dtype."""
 
     names: WeightNames  # set by each architecture's subclass
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        check_dense_dtype(dense_dtype)
         if cfg.rope_scaling is not None:
             raise ValueError(
                 f"rope_scaling: {cfg.architecture} supports the default rope only, got {cfg.rope_scaling.get('rope_type', cfg.rope_scaling)!r}"
             )
         self.cfg = cfg
         self.dtype = dtype
-        reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
+        self.dense_dtype = dense_dtype
+        # BlockwiseFP8 non-expert weights are dequantized at load, or kept as stored for dense_dtype "fp8"
+        reader = weights_reader(reader, cfg.raw, dense_dtype)
         h, v = cfg.hidden_size, cfg.vocab_size
-        embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        embed = as_tensor(reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype), dtype)  # [V, H]
         self.layers: list[DecoderLayer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
-        if cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
+        if dense_dtype is not None:
+            # The LM head in its own quantized copy (tied: the embedding stays in the compute dtype, it is indexed).
+            tied = cfg.tie_word_embeddings or not reader.has("lm_head.weight")
+            self.embed = embed
+            self.lm_head = matmul_layout(embed if tied else reader.get("lm_head.weight", shape=(v, h), dtype=dtype), dense_dtype=dense_dtype)
+        elif cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
             # Tied: the LM head is the step's largest matrix (the demo's 49152 x 576 is a fifth of its
             # weights); where a oneDNN-packed copy applies it is faster from 1 to 16 rows, worth a
             # second copy. Else one copy serves both, in the matmul layout.
@@ -80,11 +93,11 @@ class MoeDecoderLM:
         self.rope = RotaryTable.build(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
 
     def _load_layer(self, reader: CheckpointReader, layer: int) -> DecoderLayer:
-        cfg, dt = self.cfg, self.dtype
+        cfg, dt, fmt = self.cfg, self.dtype, self.dense_dtype
         h, d, nh, kvh = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         p = f"model.layers.{layer}"
         a = f"{p}.self_attn"
-        qkv = torch.cat(
+        qkv = cat_rows(
             [
                 reader.get(f"{a}.q_proj.weight", shape=(nh * d, h), dtype=dt),
                 reader.get(f"{a}.k_proj.weight", shape=(kvh * d, h), dtype=dt),
@@ -95,8 +108,8 @@ class MoeDecoderLM:
         if reader.has(f"{a}.q_proj.bias"):
             bias = torch.cat([reader.get(f"{a}.{n}_proj.bias", dtype=dt) for n in ("q", "k", "v")])
         attn = AttentionWeights(
-            qkv=matmul_layout(qkv),
-            o=matmul_layout(reader.get(f"{a}.o_proj.weight", shape=(h, nh * d), dtype=dt)),
+            qkv=matmul_layout(qkv, dense_dtype=fmt),
+            o=matmul_layout(reader.get(f"{a}.o_proj.weight", shape=(h, nh * d), dtype=dt), dense_dtype=fmt),
             num_heads=nh,
             num_kv_heads=kvh,
             head_dim=d,
@@ -107,14 +120,14 @@ class MoeDecoderLM:
         )
         router = gate_up = down = None
         if cfg.is_moe_layer(layer):
-            router = reader.get(self.names.router.format(layer=layer), shape=(cfg.num_experts, h), dtype=dt)
+            router = as_tensor(reader.get(self.names.router.format(layer=layer), shape=(cfg.num_experts, h), dtype=dt), dt)
         else:
             m, i = self.names.dense_mlp.format(layer=layer), cfg.intermediate_size
-            gate_up = torch.cat(
+            gate_up = cat_rows(
                 [reader.get(f"{m}.gate_proj.weight", shape=(i, h), dtype=dt), reader.get(f"{m}.up_proj.weight", shape=(i, h), dtype=dt)]
             )
-            gate_up = matmul_layout(gate_up)
-            down = matmul_layout(reader.get(f"{m}.down_proj.weight", shape=(h, i), dtype=dt))
+            gate_up = matmul_layout(gate_up, dense_dtype=fmt)
+            down = matmul_layout(reader.get(f"{m}.down_proj.weight", shape=(h, i), dtype=dt), dense_dtype=fmt)
         return DecoderLayer(
             input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(h,), dtype=dt),
             attn=attn,
@@ -126,11 +139,10 @@ class MoeDecoderLM:
 
     def weight_bytes(self) -> int:
         """Bytes of non-expert weights read per decode step (embedding rows excluded, LM head included)."""
-        total = self.lm_head.numel() * self.lm_head.element_size() + self.norm.numel() * self.norm.element_size()
+        total = held_bytes(self.lm_head) + held_bytes(self.norm)
         for lyr in self.layers:
             for t in (lyr.input_norm, lyr.post_norm, lyr.attn.qkv, lyr.attn.o, lyr.router, lyr.mlp_gate_up, lyr.mlp_down):
-                if t is not None:
-                    total += t.numel() * t.element_size()
+                total += held_bytes(t)
         return total
 
     def forward_stages(

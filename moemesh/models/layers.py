@@ -12,6 +12,9 @@ from torch import Tensor
 
 from kernels.cpu import step_ops
 from kernels.cpu.linear_cpu import holds_plain, linear_cpu_variant, run_linear
+from kernels.experts import QUANTIZED_TYPES
+from kernels.formats import FP8BlockExperts, cat_fp8_rows
+from kernels.prepare import prepare_dense
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -91,8 +94,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
+def matmul_layout(w, pack: bool = True, dense_dtype: str | None = None):
     """w [out, in] -> the same values held as suits `linear(x, w)` best on the CPU:
+    - with dense_dtype (see `kernels.prepare.prepare_dense`; "fp8": BlockwiseFP8 128x128 blocks, one
+      matrix [1, out, in]) quantized into that format, or kept as stored where w comes quantized in it
+      (an `FP8BlockExperts` read from a BlockwiseFP8 checkpoint), on any device;
     - float32 with one torch thread where the compiled CPU kernels run: plain [out, in] contiguous,
       which they stream at decode sizes (`kernels.cpu.linear_cpu`; faster than [in, out] for MKL);
     - packed by oneDNN (`packed_for_linear`) where that applies: bfloat16 always, float32 when torch
@@ -100,7 +106,12 @@ def matmul_layout(w: Tensor, pack: bool = True) -> Tensor:
       tensor is also indexed);
     - otherwise float32 is held [in, out] contiguous (returned as its [out, in] transposed view), since
       MKL's single-threaded float32 path reads that layout faster at one or a few rows (decode);
-    - anything else is returned as is."""
+    - anything else is returned as is.
+    A quantized w without dense_dtype (a stored FP8 matrix the caller did not dequantize) is kept as is."""
+    if dense_dtype is not None:
+        return prepare_dense(w, dense_dtype)
+    if isinstance(w, QUANTIZED_TYPES):
+        return w
     if w.device.type != "cpu" or w.dim() != 2:
         return w
     if holds_plain(w.dtype, w.device):
@@ -131,15 +142,69 @@ def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.bfloat16 or (dtype == torch.float32 and torch.get_num_threads() >= 2)
 
 
-def linear(x: Tensor, w: Tensor) -> Tensor:
-    """x [T, in] @ w[out, in].t() -> [T, out], for a plain w or one packed by `packed_for_linear`; on the
-    compiled CPU kernels at decode sizes (`linear_cpu_variant`)."""
+def linear(x: Tensor, w) -> Tensor:
+    """x [T, in] @ w[out, in].t() -> [T, out], for a plain w, one packed by `packed_for_linear`, or one
+    held quantized by `matmul_layout(w, dense_dtype=...)` ([1, out, in]); on the compiled CPU kernels at
+    decode sizes (`linear_cpu_variant`)."""
+    if isinstance(w, QUANTIZED_TYPES):
+        return quantized_linear(x, w)
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], "")
     variant = linear_cpu_variant(x, w)
     if variant is not None:
         return run_linear(x, w, variant)
     return x @ w.t()
+
+
+def biased_linear(x: Tensor, w, bias: Tensor | None) -> Tensor:
+    """x [T, in] @ w[out, in].t() + bias [out] -> [T, out]: torch's F.linear for a plain w (as the models
+    with biased projections always ran), `linear` then the bias for one held quantized."""
+    if isinstance(w, QUANTIZED_TYPES):
+        out = quantized_linear(x, w)
+        return out if bias is None else out + bias
+    return F.linear(x, w, bias)
+
+
+def quantized_linear(x: Tensor, w) -> Tensor:
+    """x [T, in] @ W.T for W [1, out, in] held quantized -> [T, out] in x.dtype. Up to
+    `kernels.cpu.linear_cpu.MAX_QUANTIZED_ROWS` rows the compiled kernels read W's stored bytes in place
+    (float32 accumulation). Above that (a long prefill), or where the compiled kernels do not run
+    (another device, no compiled variant), W is dequantized into a copy in x.dtype and torch's matmul
+    runs: the GEMV-shaped kernels are built for few rows (their work grows with every row), while the
+    copy's cost is shared by a prefill's many rows and torch's GEMMs then run at their full rate."""
+    variant = linear_cpu_variant(x, w)
+    if variant is not None:
+        return run_linear(x, w, variant)
+    return x @ w.dequantize(x.dtype)[0].t()  # [T, in] @ [in, out]
+
+
+def cat_rows(parts: list):
+    """Matrices [N_i, K] stacked along rows (q | k | v, gate | up) -> [sum N_i, K]: torch.cat for tensors;
+    BlockwiseFP8 matrices as stored ([1, N_i, K], a checkpoint read with dense_dtype "fp8") keep their
+    bytes and scales (`kernels.formats.cat_fp8_rows`)."""
+    if all(isinstance(p, Tensor) for p in parts):
+        return torch.cat(parts)
+    if all(isinstance(p, FP8BlockExperts) for p in parts):
+        return cat_fp8_rows(parts)
+    raise ValueError(f"cat_rows: parts stored in different formats ({', '.join(type(p).__name__ for p in parts)})")
+
+
+def as_tensor(w, dtype: torch.dtype) -> Tensor:
+    """w as a dense tensor in dtype: a weight that comes quantized as stored (read with dense_dtype
+    "fp8") but is indexed or kept in the compute dtype (embedding, router) is dequantized."""
+    if isinstance(w, QUANTIZED_TYPES):
+        return w.dequantize(dtype)[0]
+    return w
+
+
+def held_bytes(w) -> int:
+    """Bytes a weight held by `matmul_layout` occupies (a quantized one's data and scales; a packed
+    tensor's elements)."""
+    if w is None:
+        return 0
+    if isinstance(w, QUANTIZED_TYPES):
+        return w.nbytes
+    return w.numel() * w.element_size()
 
 
 def silu_mlp(x: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kernels.formats import FP8BlockExperts, permute_fp8_rows
 from moemesh.config import ModelConfig
 from moemesh.models.deepseek_v3.config import rope_parameters
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
@@ -50,9 +51,14 @@ def head_permutation(head_dim: int, rotary_dim: int) -> Tensor:
     return torch.tensor(first + second, dtype=torch.int64)
 
 
-def permute_heads(w: Tensor, num_heads: int, perm: Tensor) -> Tensor:
-    """Rows (or entries) [NH*Dh, ...] grouped by head -> the same with each head's dims reordered."""
+def permute_heads(w, num_heads: int, perm: Tensor):
+    """Rows (or entries) [NH*Dh, ...] grouped by head -> the same with each head's dims reordered. A
+    BlockwiseFP8 matrix as stored ([1, NH*Dh, K], read with dense_dtype "fp8") keeps its bytes and
+    scales (`permute_fp8_rows`: each head's rows must lie in one block of rows)."""
     head_dim = perm.numel()
+    if isinstance(w, FP8BlockExperts):
+        index = (torch.arange(num_heads)[:, None] * head_dim + perm.to(torch.long)[None, :]).reshape(-1)  # [NH*Dh]
+        return permute_fp8_rows(w, index)
     return w.reshape(num_heads, head_dim, *w.shape[1:])[:, perm].reshape(w.shape)
 
 

@@ -21,7 +21,7 @@ def two_cuda_devices(monkeypatch):
 
 def test_engine_fields_are_flags_under_their_names():
     flags = {s.flag for s in field_specs(AttentionConfig)}
-    assert {"--model-dir", "--dtype", "--device", "--experts-dtype", "--block-size", "--kv-cache-tokens", "--max-num-seqs",
+    assert {"--model-dir", "--dtype", "--device", "--experts-dtype", "--dense-dtype", "--block-size", "--kv-cache-tokens", "--max-num-seqs",
             "--max-num-batched-tokens", "--max-model-len", "--micro-batches", "--num-threads", "--control-addr",
             "--transport", "--failover-timeout-s", "--metrics-port", "--shutdown-grace-s"} <= flags
     assert "--moe-top-k" not in flags and "--capacity-factor" not in flags  # the control plane's knobs
@@ -35,8 +35,9 @@ def test_defaults_reach_the_engine_and_a_replica_keeps_torchs_threads():
 
 def test_unset_values_are_empty_and_numbers_reach_the_engine():
     env = {**ENV, "MOEMESH_ATTENTION_EXPERTS_DTYPE": "", "MOEMESH_ATTENTION_MAX_MODEL_LEN": "", "MOEMESH_ATTENTION_NUM_THREADS": "2"}
-    cfg = parse_config(AttentionConfig, "attention", ["--experts-dtype", "fp8", "--max-model-len", "512", "--micro-batches", "2"], env)
-    assert cfg.engine.experts_dtype == "fp8" and cfg.engine.max_model_len == 512
+    cfg = parse_config(AttentionConfig, "attention", ["--experts-dtype", "fp8", "--dense-dtype", "fp8", "--max-model-len", "512",
+                                                      "--micro-batches", "2"], env)
+    assert cfg.engine.experts_dtype == "fp8" and cfg.engine.dense_dtype == "fp8" and cfg.engine.max_model_len == 512
     assert cfg.engine.num_threads == 2 and cfg.engine.micro_batches == 2
 
 

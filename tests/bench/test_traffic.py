@@ -53,3 +53,16 @@ def test_expert_bytes_follow_the_served_format(tiny_shape_dir):
     mxfp4 = expert_bytes(path, torch.bfloat16, "mxfp4")
     assert weights // 2 < mxfp4 <= weights // 2 + weights // 32 + 64  # 4-bit values + one e8m0 scale per 32
     assert weights < expert_bytes(path, torch.bfloat16, "fp8") < 2 * weights
+
+
+def test_fp8_dense_bytes_are_what_the_engine_holds(tiny_shape_dir):
+    from moemesh.engine import EngineConfig, LLMEngine
+    from moemesh.models.layers import held_bytes
+
+    path = tiny_shape_dir("qwen3-sparse-tiny")
+    cfg = load_model_config(path)
+    model = LLMEngine(EngineConfig(str(path), dtype="bfloat16", dense_dtype="fp8", kv_cache_tokens=64, max_num_seqs=1)).model
+    t = step_bytes(cfg, torch.bfloat16, 0, batch=1, dense_dtype="fp8")
+    assert t.attention == sum(held_bytes(lyr.attn.qkv) + held_bytes(lyr.attn.o) for lyr in model.layers)
+    assert t.lm_head == held_bytes(model.lm_head)
+    assert t.other == step_bytes(cfg, torch.bfloat16, 0, batch=1).other  # routers and norms stay bf16

@@ -267,21 +267,37 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   return out.to(x.scalar_type());
 }
 
-// x [M, K] float32/bfloat16 contiguous; w [N, K] float32/bfloat16 with unit stride along K ->
-// [M, N] float32 = x @ w.T: a dense matrix (attention, LM head) read once by the same row-streaming
-// and tiled kernels as the experts. Output rows are split over the threads in equal contiguous
-// ranges, so each thread streams its own stretch of w.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::string& variant) {
+// x [M, K] float32/bfloat16 contiguous; one projection W [N, K] in any stored format, given as the
+// experts' are (ints, data, scale, scale2; see weights_of) for one "expert": data [N, ...] or
+// [1, N, ...], scale [1, *, *] (or empty), scale2 [1, S] (or empty) -> [M, N] float32 = x @ W.T.
+// A dense matrix (attention, dense MLP, LM head) read once, in place, by the same row-streaming and
+// tiled kernels as the experts. Output rows are split over the threads in equal contiguous ranges,
+// so each thread streams its own stretch of W.
+at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
+                  const at::Tensor& scale2, const std::string& variant) {
   const Isa isa = isa_for(variant);
   TORCH_CHECK_VALUE(x.dim() == 2 && x.is_contiguous(), "x: expected a contiguous [M, K] tensor");
   TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: float32 or bfloat16");
-  TORCH_CHECK_VALUE(w.dim() == 2 && w.stride(1) == 1, "w: expected [N, K] with unit stride along K");
-  TORCH_CHECK_VALUE(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "w: float32 or bfloat16");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK_VALUE(w.size(1) == K, "w: expected ", K, " columns, got ", w.size(1));
+  TORCH_CHECK_VALUE(data.dim() >= 2, "w: expected data [N, ...] or [1, N, ...]");
+  const at::Tensor d3 = data.dim() == 2 ? data.unsqueeze(0) : data;  // [1, N, ...]
+  TORCH_CHECK_VALUE(d3.size(0) == 1, "w: expected one matrix, got ", d3.size(0));
+  Weights wt = weights_of(ints, d3, scale, scale2);
+  const int64_t M = x.size(0), K = x.size(1), N = d3.size(1);
+  TORCH_CHECK_VALUE(wt.k == K, "w: expected ", K, " columns, got ", wt.k);
+  if (wt.fmt == FMT_F32 || wt.fmt == FMT_BF16) {
+    TORCH_CHECK_VALUE(d3.dim() == 3 && d3.size(2) == K, "w: expected [N, ", K, "]");
+    TORCH_CHECK_VALUE(d3.scalar_type() == (wt.fmt == FMT_F32 ? at::kFloat : at::kBFloat16), "w: dtype does not match its format code");
+  } else if (wt.fmt == FMT_FP8) {
+    TORCH_CHECK_VALUE(d3.dim() == 3 && d3.size(2) == K && d3.element_size() == 1, "w: expected [N, ", K, "] bytes");
+    TORCH_CHECK_VALUE(scale.defined() && scale.numel() && scale.scalar_type() == at::kFloat, "w: fp8 needs a float32 scale");
+    TORCH_CHECK_VALUE(wt.qbk > 0 && wt.qbk % 32 == 0 && wt.qbn > 0 && wt.seg_rows > 0, "w: fp8 block width must be a multiple of 32");
+  } else {
+    TORCH_CHECK_VALUE(wt.fmt == FMT_MXFP4 || wt.fmt == FMT_NVFP4, "w: unknown format code ", wt.fmt);
+  }
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return out;
-  const int fmt = w.scalar_type() == at::kFloat ? FMT_F32 : FMT_BF16;
+  // With bfloat16 x the quantized formats may multiply in bfloat16 (x's values are bfloat16 already).
+  wt.bf16_x = x.scalar_type() == at::kBFloat16 && bf16_dot(variant);
   const int64_t kp = padded_k(K);
   std::vector<float> xp(M * kp), row(K);
   for (int64_t m = 0; m < M; ++m) {
@@ -291,14 +307,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::string& v
     } else {
       std::copy(x.data_ptr<float>() + m * K, x.data_ptr<float>() + (m + 1) * K, row.begin());
     }
-    isa.prepare_row(fmt, row.data(), K, xp.data() + m * kp);
+    isa.prepare_row(wt.fmt, row.data(), K, xp.data() + m * kp);
   }
-  Weights wt{};
-  wt.fmt = fmt;
-  wt.data = w.data_ptr();
-  wt.sd_n = w.stride(0);
-  wt.k = K;
-  wt.seg_rows = wt.per_seg = wt.qbn = wt.qbk = 1;
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
   const int64_t grain = std::max<int64_t>(16, (N / nt + 15) / 16 * 16);
   float* o = out.data_ptr<float>();
@@ -326,7 +336,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the GIL is released while the kernels run (as torch's own ops do), so other Python threads go on
   m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format",
         py::call_guard<py::gil_scoped_release>());
-  m.def("linear", &moemesh_cpu::linear, "x @ w.T for a dense float32/bfloat16 w, as float32",
+  m.def("linear", &moemesh_cpu::linear, "x @ W.T for one matrix W in any stored format, as float32",
         py::call_guard<py::gil_scoped_release>());
   moemesh_cpu::bind_step_ops(m);
 }

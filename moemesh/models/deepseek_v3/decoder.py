@@ -20,7 +20,8 @@ from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.config import GroupedGateConfig
 from moemesh.checkpoint.fp8_dequant import weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, GateNames, GroupedMoE, load_dense_mlp, load_grouped_moe, moe_block
-from moemesh.models.layers import rms_norm
+from kernels.prepare import check_dense_dtype
+from moemesh.models.layers import as_tensor, held_bytes, linear, matmul_layout, rms_norm
 from moemesh.moe.expert_compute import ExpertCompute
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
@@ -56,28 +57,36 @@ class GroupedGateDecoderLM:
 
     Subclasses load their attention (`load_attention(reader, prefix, layer) -> weights`) and run it
     (`attend(h, weights, meta, kv_pair, carry) -> [T, H]`); `carry` is what `begin_step(meta)` made for
-    this forward pass, handed from layer to layer (DSA: the top-k selection that later layers reuse)."""
+    this forward pass, handed from layer to layer (DSA: the top-k selection that later layers reuse).
+    dense_dtype (`EngineConfig.dense_dtype`): the dense-MLP and shared-expert matrices and the LM head
+    are held in it here, the attention by each family's loader (`self.dense_dtype`); the embedding,
+    routers and norms stay in the compute dtype."""
 
     gate_names = GateNames()
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
-        reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        check_dense_dtype(dense_dtype)
+        # BlockwiseFP8 non-expert weights are dequantized at load, or kept as stored for dense_dtype "fp8"
+        reader = weights_reader(reader, cfg.raw, dense_dtype)
         self.cfg = cfg
         self.dtype = dtype
+        self.dense_dtype = dense_dtype
         self.gate = self.gate_config(cfg)
         h, v = cfg.hidden_size, cfg.vocab_size
-        self.embed = reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        self.embed = as_tensor(reader.get("model.embed_tokens.weight", shape=(v, h), dtype=dtype), dtype)  # [V, H]
         self.layers: list[Layer] = load_layers(cfg.num_layers, lambda layer: self._load_layer(reader, layer))
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
         tied = cfg.tie_word_embeddings or not reader.has("lm_head.weight")
         self.lm_head = self.embed if tied else reader.get("lm_head.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        if dense_dtype is not None:  # its own quantized copy (tied: the embedding stays, it is indexed)
+            self.lm_head = matmul_layout(self.lm_head, dense_dtype=dense_dtype)
 
     def _load_layer(self, reader: CheckpointReader, layer: int) -> Layer:
         cfg, dt, p = self.cfg, self.dtype, f"model.layers.{layer}"
         if cfg.is_moe_layer(layer):
-            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt, self.gate_names)
+            mlp = load_grouped_moe(reader, layer, cfg, self.gate, dt, self.gate_names, self.dense_dtype)
         else:
-            mlp = load_dense_mlp(reader, f"{p}.mlp", cfg.hidden_size, cfg.intermediate_size, dt)
+            mlp = load_dense_mlp(reader, f"{p}.mlp", cfg.hidden_size, cfg.intermediate_size, dt, self.dense_dtype)
         return Layer(
             input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(cfg.hidden_size,), dtype=dt),
             attn=self.load_attention(reader, f"{p}.self_attn", layer),
@@ -97,7 +106,7 @@ class GroupedGateDecoderLM:
         tensors = [self.lm_head, self.norm]
         for lyr in self.layers:
             tensors += [lyr.input_norm, lyr.post_norm, *tensors_of(lyr.attn), *tensors_of(lyr.mlp)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(held_bytes(t) for t in tensors)
 
     def forward_stages(
         self, meta: BatchMeta, kv_caches: Sequence[tuple[Tensor, Tensor]], experts: ExpertCompute, knobs: MoeKnobs
@@ -115,6 +124,8 @@ class GroupedGateDecoderLM:
             else:
                 x = x + (yield from moe_block(h, idx, lyr.mlp, cfg, self.gate, knobs.for_layer(idx), experts))
         h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
+        if self.dense_dtype is not None:
+            return linear(h, self.lm_head).float()  # [R, V]
         return (h @ self.lm_head.t()).float()  # [R, V]
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.yarn_rope import apply_rope_interleaved
-from moemesh.models.layers import RotaryTable, apply_rope, rms_norm
+from moemesh.models.layers import RotaryTable, apply_rope, biased_linear, rms_norm
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 
@@ -40,7 +40,10 @@ LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default
 @dataclass(frozen=True)
 class MLAWeights:
     """q_a [Rq, H] + q_a_norm [Rq] + q_b [NH*(Dn+Dr), Rq], or q [NH*(Dn+Dr), H] when q_lora_rank is None;
-    kv_a [R+Dr, H]; kv_a_norm [R]; kv_b [NH*(Dn+Dv), R]; o [H, NH*Dv]; biases when attention_bias."""
+    kv_a [R+Dr, H]; kv_a_norm [R]; kv_b [NH*(Dn+Dv), R]; o [H, NH*Dv]; biases when attention_bias.
+    q, q_a, q_b, kv_a and o may be held quantized by `matmul_layout(w, dense_dtype=...)` (they are only
+    multiplied, through `layers.biased_linear`); kv_b is always a plain tensor: it is split per head and
+    absorbed into the queries and the output (`absorbed`)."""
 
     num_heads: int
     kv_lora_rank: int
@@ -113,15 +116,15 @@ class LatentCache:
 
 def q_latent(x: Tensor, w: MLAWeights) -> Tensor:
     """x [T, H] -> the normed q LoRA latent [T, Rq] (DeepSeek-V3.2's indexer reads it too)."""
-    return rms_norm(F.linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LATENT_NORM_EPS)
+    return rms_norm(biased_linear(x, w.q_a, w.q_a_bias), w.q_a_norm, LATENT_NORM_EPS)
 
 
 def queries(x: Tensor, w: MLAWeights, q_lat: Tensor | None = None) -> Tensor:
     """x [T, H] -> q [T, NH, Dn+Dr] (before rope); q_lat: `q_latent(x, w)` when already computed."""
     if w.q is not None:
-        q = x @ w.q.t()
+        q = biased_linear(x, w.q, None)
     else:
-        q = (q_latent(x, w) if q_lat is None else q_lat) @ w.q_b.t()
+        q = biased_linear(q_latent(x, w) if q_lat is None else q_lat, w.q_b, None)
     return q.view(x.shape[0], w.num_heads, w.qk_nope_head_dim + w.qk_rope_head_dim)
 
 
@@ -151,7 +154,7 @@ def mla_inputs(x: Tensor, w: MLAWeights, cos: Tensor, sin: Tensor) -> MLAInputs:
     r, dn = w.kv_lora_rank, w.qk_nope_head_dim
     q_lat = q_latent(x, w) if w.q is None else None
     q = queries(x, w, q_lat)  # [T, NH, Dn+Dr]
-    kv = F.linear(x, w.kv_a, w.kv_a_bias)  # [T, R+Dr]
+    kv = biased_linear(x, w.kv_a, w.kv_a_bias)  # [T, R+Dr]
     c_kv = rms_norm(kv[:, :r], w.kv_a_norm, LATENT_NORM_EPS)  # [T, R]
     q_pe = rotate(q[..., dn:], cos, sin, w.rope_interleave)  # [T, NH, Dr]
     k_pe = rotate(kv[:, None, r:], cos, sin, w.rope_interleave)[:, 0]  # [T, Dr]
@@ -199,7 +202,7 @@ def latent_attention(
 
 def mla_output(out: Tensor, w: MLAWeights) -> Tensor:
     """out [T, NH, Dv] -> [T, H]."""
-    return F.linear(out.reshape(out.shape[0], w.num_heads * w.v_head_dim), w.o, w.o_bias)
+    return biased_linear(out.reshape(out.shape[0], w.num_heads * w.v_head_dim), w.o, w.o_bias)
 
 
 def absorbed_decode(q_nope: Tensor, q_pe: Tensor, w: MLAWeights, lat: Tensor, mask: Tensor) -> Tensor:

@@ -15,9 +15,13 @@ from moemesh.models.deepseek_v3.config import MLAConfig
 from moemesh.models.deepseek_v3.decoder import GroupedGateDecoderLM
 from moemesh.models.deepseek_v3.mla import LatentCache, MLAWeights, mla_attention
 from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table, mla_softmax_scale
+from moemesh.models.layers import as_tensor, matmul_layout
 
 
-def load_mla(reader: CheckpointReader, prefix: str, cfg: ModelConfig, mla: MLAConfig, dtype: torch.dtype) -> MLAWeights:
+def load_mla(
+    reader: CheckpointReader, prefix: str, cfg: ModelConfig, mla: MLAConfig, dtype: torch.dtype, dense_dtype: str | None = None
+) -> MLAWeights:
+    """One layer's MLA weights; with dense_dtype its projections but kv_b held in that format (see MLAWeights)."""
     h, nh = cfg.hidden_size, cfg.num_heads
     r, dr = mla.kv_lora_rank, mla.qk_rope_head_dim
 
@@ -25,7 +29,12 @@ def load_mla(reader: CheckpointReader, prefix: str, cfg: ModelConfig, mla: MLACo
         full = f"{prefix}.{name}.{'bias' if bias else 'weight'}"
         if bias and not reader.has(full):
             return None
-        return reader.get(full, shape=shape, dtype=dtype)
+        w = reader.get(full, shape=shape, dtype=dtype)
+        if bias or name.endswith("layernorm"):
+            return w
+        if name == "kv_b_proj":  # absorbed per head: stays a plain tensor (dequantized if stored FP8)
+            return as_tensor(w, dtype)
+        return matmul_layout(w, dense_dtype=dense_dtype) if dense_dtype is not None else w
 
     q_parts = {}
     if mla.q_lora_rank is None:
@@ -59,16 +68,16 @@ def load_mla(reader: CheckpointReader, prefix: str, cfg: ModelConfig, mla: MLACo
 class DeepseekV3ForCausalLM(GroupedGateDecoderLM):
     """DeepSeek-V3 / Kimi-K2: MLA attention over the latent cache."""
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
         self.mla = self.mla_config(cfg)
-        super().__init__(cfg, reader, dtype)
+        super().__init__(cfg, reader, dtype, dense_dtype)
         self.rope = build_rotary_table(self.mla.rope, self.mla.qk_rope_head_dim, cfg.max_position_embeddings)
 
     def mla_config(self, cfg: ModelConfig) -> MLAConfig:
         return MLAConfig.from_raw(cfg.raw)
 
     def load_attention(self, reader: CheckpointReader, prefix: str, layer: int) -> MLAWeights:
-        return load_mla(reader, prefix, self.cfg, self.mla, self.dtype)
+        return load_mla(reader, prefix, self.cfg, self.mla, self.dtype, self.dense_dtype)
 
     def attend(self, h: Tensor, w: MLAWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor], carry=None) -> Tensor:
         cache = LatentCache(kv_pair[0], kv_pair[1], w.latent_dim)

@@ -20,7 +20,7 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.models.deepseek_v3.config import GroupedGateConfig
 from moemesh.models.deepseek_v3.grouped_topk import grouped_topk
-from moemesh.models.layers import silu_mlp
+from moemesh.models.layers import as_tensor, cat_rows, matmul_layout, silu_mlp
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.contracts.knobs import LayerKnobs
@@ -28,7 +28,7 @@ from moemesh.contracts.knobs import LayerKnobs
 
 @dataclass(frozen=True)
 class DenseMLP:
-    """gate_up [2I, H] (gate rows then up rows), down [H, I]."""
+    """gate_up [2I, H] (gate rows then up rows), down [H, I] (plain, or as `matmul_layout` holds them)."""
 
     gate_up: Tensor
     down: Tensor
@@ -37,10 +37,15 @@ class DenseMLP:
         return silu_mlp(x, self.gate_up, self.down)
 
 
-def load_dense_mlp(reader: CheckpointReader, prefix: str, hidden: int, inter: int, dtype: torch.dtype) -> DenseMLP:
+def load_dense_mlp(
+    reader: CheckpointReader, prefix: str, hidden: int, inter: int, dtype: torch.dtype, dense_dtype: str | None = None
+) -> DenseMLP:
+    """A dense (or shared-expert) MLP; with dense_dtype its matrices held in that format (`matmul_layout`)."""
     gate = reader.get(f"{prefix}.gate_proj.weight", shape=(inter, hidden), dtype=dtype)
     up = reader.get(f"{prefix}.up_proj.weight", shape=(inter, hidden), dtype=dtype)
     down = reader.get(f"{prefix}.down_proj.weight", shape=(hidden, inter), dtype=dtype)
+    if dense_dtype is not None:
+        return DenseMLP(matmul_layout(cat_rows([gate, up]), dense_dtype=dense_dtype), matmul_layout(down, dense_dtype=dense_dtype))
     return DenseMLP(torch.cat([gate, up]), down)
 
 
@@ -67,17 +72,19 @@ class GroupedMoE:
 
 def load_grouped_moe(
     reader: CheckpointReader, layer: int, cfg: ModelConfig, gate: GroupedGateConfig, dtype: torch.dtype,
-    names: GateNames = GateNames(),
+    names: GateNames = GateNames(), dense_dtype: str | None = None,
 ) -> GroupedMoE:
+    """One MoE layer's router and shared experts (those held in dense_dtype, see `load_dense_mlp`; the
+    router stays dense)."""
     e, h = cfg.num_experts, cfg.hidden_size
     bias_name = names.correction_bias.format(layer=layer)
     shared = None
     if gate.n_shared_experts:
         inter = cfg.moe_intermediate_size * gate.n_shared_experts
-        shared = load_dense_mlp(reader, names.shared_experts.format(layer=layer), h, inter, dtype)
+        shared = load_dense_mlp(reader, names.shared_experts.format(layer=layer), h, inter, dtype, dense_dtype)
     router_dtype = torch.float32 if names.router_fp32 else dtype
     return GroupedMoE(
-        router=reader.get(names.router.format(layer=layer), shape=(e, h), dtype=router_dtype),
+        router=as_tensor(reader.get(names.router.format(layer=layer), shape=(e, h), dtype=router_dtype), router_dtype),
         correction_bias=reader.get(bias_name, shape=(e,), dtype=torch.float32) if reader.has(bias_name) else None,
         shared=shared,
     )

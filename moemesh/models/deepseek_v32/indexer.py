@@ -23,7 +23,7 @@ from torch import Tensor
 
 from moemesh.checkpoint import CheckpointReader
 from moemesh.models.deepseek_v3.yarn_rope import apply_rope_interleaved
-from moemesh.models.layers import apply_rope
+from moemesh.models.layers import apply_rope, as_tensor
 
 KEY_NORM_EPS = 1e-6  # the indexer's LayerNorm
 
@@ -48,10 +48,11 @@ def load_indexer(
     reader: CheckpointReader, prefix: str, hidden: int, q_lora_rank: int, num_heads: int, head_dim: int,
     rope_dim: int, interleaved: bool, dtype: torch.dtype,
 ) -> IndexerWeights:
-    """`prefix` names the indexer module, e.g. model.layers.3.self_attn.indexer."""
+    """`prefix` names the indexer module, e.g. model.layers.3.self_attn.indexer. Its weights stay plain
+    tensors in any dense_dtype (like a router it scores keys; one read as stored FP8 is dequantized)."""
 
     def get(name: str, shape: tuple[int, ...], dt: torch.dtype = dtype) -> Tensor:
-        return reader.get(f"{prefix}.{name}", shape=shape, dtype=dt)
+        return as_tensor(reader.get(f"{prefix}.{name}", shape=shape, dtype=dt), dt)
 
     return IndexerWeights(
         wq_b=get("wq_b.weight", (num_heads * head_dim, q_lora_rank)),

@@ -22,9 +22,9 @@ from moemesh.models.deepseek_v32.indexer import load_indexer
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
     """DeepSeek-V3.2 and GLM-5 (they differ in the indexer's rope layout and GLM-5's shared layers)."""
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
         self.dsa = DSAConfig.from_model_config(cfg)
-        super().__init__(cfg, reader, dtype)
+        super().__init__(cfg, reader, dtype, dense_dtype)
         self.slot_width = self.mla.kv_lora_rank + self.mla.qk_rope_head_dim + self.dsa.index_head_dim
 
     def mla_config(self, cfg: ModelConfig) -> MLAConfig:
@@ -38,7 +38,7 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
                 reader, f"{prefix}.indexer", self.cfg.hidden_size, mla.q_lora_rank, dsa.index_n_heads,
                 dsa.index_head_dim, mla.qk_rope_head_dim, dsa.interleaved_rope, self.dtype,
             )
-        return DSAWeights(load_mla(reader, prefix, self.cfg, mla, self.dtype), indexer)
+        return DSAWeights(load_mla(reader, prefix, self.cfg, mla, self.dtype, self.dense_dtype), indexer)
 
     def begin_step(self, meta: BatchMeta) -> DSAStep:
         return DSAStep.begin(meta, self.dsa.index_topk)

@@ -14,14 +14,16 @@ from moemesh.config import ModelConfig
 from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta
 from moemesh.models.glm4_moe.config import rotary_dim
+from moemesh.models.layers import cat_rows, matmul_layout
 from moemesh.models.partial_rope import permute_heads, permuted_rope
 
 
 class GlmAttention:
-    """Loads one layer's attention weights (q/k dims permuted) and runs them over the paged cache."""
+    """Loads one layer's attention weights (q/k dims permuted; with dense_dtype qkv and o held in that
+    format, see `matmul_layout`) and runs them over the paged cache."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
-        self.cfg, self.dtype = cfg, dtype
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        self.cfg, self.dtype, self.dense_dtype = cfg, dtype, dense_dtype
         rope = permuted_rope(cfg, rotary_dim(cfg))
         self.perm, self.rope = rope.perm, rope.table  # [D], [P, D]
 
@@ -33,9 +35,7 @@ class GlmAttention:
         def get(name: str, shape: tuple[int, ...]) -> Tensor:
             return reader.get(f"{prefix}.{name}", shape=shape, dtype=dt)
 
-        q = permute_heads(get("q_proj.weight", (nh * d, h)), nh, perm)
-        k = permute_heads(get("k_proj.weight", (kvh * d, h)), kvh, perm)
-        v = get("v_proj.weight", (kvh * d, h))
+        qkv, o = self.load_projections(get, h, d, nh, kvh)
         bias = None
         if reader.has(f"{prefix}.q_proj.bias"):
             bias = torch.cat(
@@ -46,8 +46,8 @@ class GlmAttention:
                 ]
             )
         return AttentionWeights(
-            qkv=torch.cat([q, k, v]),
-            o=get("o_proj.weight", (h, nh * d)),
+            qkv=qkv,
+            o=o,
             num_heads=nh,
             num_kv_heads=kvh,
             head_dim=d,
@@ -56,6 +56,17 @@ class GlmAttention:
             k_norm=get("k_norm.weight", (d,))[perm] if cfg.qk_norm else None,
             norm_eps=cfg.rms_norm_eps,
         )
+
+    def load_projections(self, get, h: int, d: int, nh: int, kvh: int):
+        """(qkv [(NH+2KVH)*D, H] with q/k rows permuted per head, o [H, NH*D]): plain, or held in dense_dtype."""
+        perm, fmt = self.perm, self.dense_dtype
+        q = permute_heads(get("q_proj.weight", (nh * d, h)), nh, perm)
+        k = permute_heads(get("k_proj.weight", (kvh * d, h)), kvh, perm)
+        v = get("v_proj.weight", (kvh * d, h))
+        qkv, o = cat_rows([q, k, v]), get("o_proj.weight", (h, nh * d))
+        if fmt is None:
+            return qkv, o
+        return matmul_layout(qkv, dense_dtype=fmt), matmul_layout(o, dense_dtype=fmt)
 
     def __call__(self, h: Tensor, w: AttentionWeights, meta: BatchMeta, kv_pair: tuple[Tensor, Tensor]) -> Tensor:
         """h [T, H] -> [T, H]."""

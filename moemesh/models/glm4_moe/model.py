@@ -17,9 +17,9 @@ from moemesh.models.glm4_moe.attention import GlmAttention
 
 
 class Glm4MoeForCausalLM(GroupedGateDecoderLM):
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
-        self.attention = GlmAttention(cfg, dtype)
-        super().__init__(cfg, reader, dtype)
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        self.attention = GlmAttention(cfg, dtype, dense_dtype)
+        super().__init__(cfg, reader, dtype, dense_dtype)
 
     def load_attention(self, reader: CheckpointReader, prefix: str, layer: int) -> AttentionWeights:
         return self.attention.load(reader, prefix)

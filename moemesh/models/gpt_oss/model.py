@@ -23,7 +23,8 @@ from moemesh.models.deepseek_v3.yarn_rope import build_rotary_table
 from moemesh.models.gpt_oss.config import layer_types, sliding_window
 from moemesh.models.gpt_oss.router import topk_softmax_router
 from moemesh.models.gpt_oss.sinks_attention import SinkAttentionWeights, sink_attention
-from moemesh.models.layers import rms_norm
+from kernels.prepare import check_dense_dtype
+from moemesh.models.layers import held_bytes, linear, matmul_layout, rms_norm
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.contracts.knobs import MoeKnobs
@@ -42,9 +43,11 @@ class GptOssLayer:
 class GptOssForCausalLM:
     """Non-expert weights of a gpt-oss model; experts are reached through an ExpertCompute."""
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        check_dense_dtype(dense_dtype)
         self.cfg = cfg
         self.dtype = dtype
+        self.dense_dtype = dense_dtype  # the attention projections and LM head held in it (`matmul_layout`)
         self.layer_types = layer_types(cfg)
         self.window = sliding_window(cfg)
         h, v = cfg.hidden_size, cfg.vocab_size
@@ -53,6 +56,8 @@ class GptOssForCausalLM:
         self.norm = reader.get("model.norm.weight", shape=(h,), dtype=dtype)
         tied = cfg.tie_word_embeddings or not reader.has("lm_head.weight")
         self.lm_head = self.embed if tied else reader.get("lm_head.weight", shape=(v, h), dtype=dtype)  # [V, H]
+        if dense_dtype is not None:  # its own quantized copy (tied: the embedding stays, it is indexed)
+            self.lm_head = matmul_layout(self.lm_head, dense_dtype=dense_dtype)
         self.rope = build_rotary_table(rope_parameters(cfg.raw), cfg.head_dim, cfg.max_position_embeddings)
 
     def _load_layer(self, reader: CheckpointReader, layer: int) -> GptOssLayer:
@@ -69,11 +74,15 @@ class GptOssForCausalLM:
         qkv_bias = None
         if reader.has(f"{a}.q_proj.bias"):
             qkv_bias = torch.cat([bias("q_proj", nh * d), bias("k_proj", kvh * d), bias("v_proj", kvh * d)])
+        qkv = torch.cat([get(f"{a}.q_proj.weight", (nh * d, h)), get(f"{a}.k_proj.weight", (kvh * d, h)),
+                         get(f"{a}.v_proj.weight", (kvh * d, h))])
+        o = get(f"{a}.o_proj.weight", (h, nh * d))
+        if self.dense_dtype is not None:
+            qkv, o = matmul_layout(qkv, dense_dtype=self.dense_dtype), matmul_layout(o, dense_dtype=self.dense_dtype)
         attn = SinkAttentionWeights(
-            qkv=torch.cat([get(f"{a}.q_proj.weight", (nh * d, h)), get(f"{a}.k_proj.weight", (kvh * d, h)),
-                           get(f"{a}.v_proj.weight", (kvh * d, h))]),
+            qkv=qkv,
             qkv_bias=qkv_bias,
-            o=get(f"{a}.o_proj.weight", (h, nh * d)),
+            o=o,
             o_bias=bias("o_proj", h),
             sinks=reader.get(f"{a}.sinks", shape=(nh,), dtype=torch.float32),
             num_heads=nh,
@@ -94,7 +103,7 @@ class GptOssForCausalLM:
         tensors = [self.lm_head, self.norm]
         for lyr in self.layers:
             tensors += [lyr.input_norm, lyr.post_norm, lyr.router, lyr.router_bias, *tensors_of(lyr.attn)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(held_bytes(t) for t in tensors)
 
     def forward_stages(
         self, meta: BatchMeta, kv_caches: Sequence[tuple[Tensor, Tensor]], experts: ExpertCompute, knobs: MoeKnobs
@@ -114,6 +123,8 @@ class GptOssForCausalLM:
             yield
             x = x + expert_output(submitted)  # [T, H]
         h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
+        if self.dense_dtype is not None:
+            return linear(h, self.lm_head).float()  # [R, V]
         return (h @ self.lm_head.t()).float()  # [R, V]
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:

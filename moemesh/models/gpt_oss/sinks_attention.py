@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, apply_rope
+from moemesh.models.layers import RotaryTable, apply_rope, biased_linear
 
 
 @dataclass(frozen=True)
 class SinkAttentionWeights:
-    """qkv [(NH+2KVH)*D, H] (q rows, k rows, v rows) + qkv_bias; o [H, NH*D] + o_bias [H]; sinks [NH];
+    """qkv [(NH+2KVH)*D, H] (q rows, k rows, v rows) + qkv_bias; o [H, NH*D] + o_bias [H] (plain, or held in
+    dense_dtype by `matmul_layout`); sinks [NH];
     window: attend to the last `window` positions only (None = full causal)."""
 
     qkv: Tensor
@@ -52,7 +52,7 @@ def sink_attention(x: Tensor, w: SinkAttentionWeights, meta: BatchMeta, rope: Ro
     t = x.shape[0]
     nh, kvh, d = w.num_heads, w.num_kv_heads, w.head_dim
     scale = d**-0.5
-    q, k, v = F.linear(x, w.qkv, w.qkv_bias).split([nh * d, kvh * d, kvh * d], dim=-1)
+    q, k, v = biased_linear(x, w.qkv, w.qkv_bias).split([nh * d, kvh * d, kvh * d], dim=-1)
     cos, sin = rope.for_positions(meta.positions, x.dtype)  # [T, 1, D]
     q = apply_rope(q.view(t, nh, d), cos, sin)
     k = apply_rope(k.view(t, kvh, d), cos, sin)
@@ -85,4 +85,4 @@ def sink_attention(x: Tensor, w: SinkAttentionWeights, meta: BatchMeta, rope: Ro
             if w.window is not None:
                 mask &= i[None, :] > i[:, None] - w.window
         out[rows] = attend_with_sinks(qq, kk, vv, mask[None], w.sinks, scale).transpose(0, 1)
-    return F.linear(out.view(t, nh * d), w.o, w.o_bias)  # [T, H]
+    return biased_linear(out.view(t, nh * d), w.o, w.o_bias)  # [T, H]

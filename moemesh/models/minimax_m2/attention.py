@@ -19,7 +19,7 @@ from moemesh.checkpoint import CheckpointReader
 from moemesh.config import ModelConfig
 from moemesh.models.attention import paged_attention
 from moemesh.models.batch import BatchMeta
-from moemesh.models.layers import RotaryTable, apply_rope_signed, linear, matmul_layout, rms_norm, rope_for_step
+from moemesh.models.layers import RotaryTable, apply_rope_signed, cat_rows, linear, matmul_layout, rms_norm, rope_for_step
 from moemesh.models.partial_rope import permute_heads, permuted_rope
 from moemesh.models.minimax_m2.config import rotary_dim
 
@@ -41,8 +41,8 @@ class MiniMaxAttentionWeights:
 class MiniMaxAttention:
     """Loads one layer's attention (q/k head dims permuted for the partial rope) and runs it."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
-        self.cfg, self.dtype = cfg, dtype
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        self.cfg, self.dtype, self.dense_dtype = cfg, dtype, dense_dtype  # dense_dtype: qkv and o held in it
         rope = permuted_rope(cfg, rotary_dim(cfg))
         self.perm, self.rope = rope.perm, rope.table  # [D], [P, D]
 
@@ -56,8 +56,8 @@ class MiniMaxAttention:
         q = permute_heads(get("q_proj.weight", (nh * d, h)), nh, perm)
         k = permute_heads(get("k_proj.weight", (kvh * d, h)), kvh, perm)
         return MiniMaxAttentionWeights(
-            qkv=matmul_layout(torch.cat([q, k, get("v_proj.weight", (kvh * d, h))])),
-            o=matmul_layout(get("o_proj.weight", (h, nh * d))),
+            qkv=matmul_layout(cat_rows([q, k, get("v_proj.weight", (kvh * d, h))]), dense_dtype=self.dense_dtype),
+            o=matmul_layout(get("o_proj.weight", (h, nh * d)), dense_dtype=self.dense_dtype),
             q_norm=permute_heads(get("q_norm.weight", (nh * d,)), nh, perm),
             k_norm=permute_heads(get("k_norm.weight", (kvh * d,)), kvh, perm),
             num_heads=nh,

@@ -27,9 +27,9 @@ class MiniMaxM2ForCausalLM(GroupedGateDecoderLM):
         router_fp32=False,  # transformers computes MiniMax-M2's router logits in the model's dtype
     )
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
-        self.attention = MiniMaxAttention(cfg, dtype)
-        super().__init__(cfg, reader, dtype)
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        self.attention = MiniMaxAttention(cfg, dtype, dense_dtype)
+        super().__init__(cfg, reader, dtype, dense_dtype)
 
     def gate_config(self, cfg: ModelConfig) -> GroupedGateConfig:
         return GATE

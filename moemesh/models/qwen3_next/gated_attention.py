@@ -39,9 +39,9 @@ class GatedAttentionWeights:
 
 
 def load_gated_attention(
-    reader: CheckpointReader, prefix: str, cfg: ModelConfig, perm: Tensor, dtype: torch.dtype
+    reader: CheckpointReader, prefix: str, cfg: ModelConfig, perm: Tensor, dtype: torch.dtype, dense_dtype: str | None = None
 ) -> GatedAttentionWeights:
-    """perm [D]: the head-dim permutation of the partial rope."""
+    """perm [D]: the head-dim permutation of the partial rope; dense_dtype: qgkv and o held in it."""
     h, d, nh, kvh = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
 
     def get(name: str, shape: tuple[int, ...]) -> Tensor:
@@ -55,8 +55,9 @@ def load_gated_attention(
         zero_centered(get("k_norm.weight", (d,))[perm]).expand(kvh, d),
     ])
     return GatedAttentionWeights(
-        qgkv=matmul_layout(torch.cat([q, q_gate[:, 1].reshape(nh * d, h), k, get("v_proj.weight", (kvh * d, h))])),
-        o=matmul_layout(get("o_proj.weight", (h, nh * d))),
+        qgkv=matmul_layout(torch.cat([q, q_gate[:, 1].reshape(nh * d, h), k, get("v_proj.weight", (kvh * d, h))]),
+                           dense_dtype=dense_dtype),
+        o=matmul_layout(get("o_proj.weight", (h, nh * d)), dense_dtype=dense_dtype),
         qk_norm=qk_norm,
         num_heads=nh,
         num_kv_heads=kvh,

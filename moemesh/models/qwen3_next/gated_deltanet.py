@@ -49,7 +49,11 @@ class DeltaNetWeights:
     norm_eps: float
 
 
-def load_deltanet(reader: CheckpointReader, prefix: str, hc: HybridConfig, hidden: int, eps: float, dtype: torch.dtype) -> DeltaNetWeights:
+def load_deltanet(
+    reader: CheckpointReader, prefix: str, hc: HybridConfig, hidden: int, eps: float, dtype: torch.dtype,
+    dense_dtype: str | None = None,
+) -> DeltaNetWeights:
+    """dense_dtype: in_proj and out held in it (`matmul_layout`)."""
     hk, hv, dk, dv = hc.linear_num_key_heads, hc.linear_num_value_heads, hc.linear_key_head_dim, hc.linear_value_head_dim
     kd, vd, r = hk * dk, hv * dv, hv // hk
 
@@ -67,12 +71,12 @@ def load_deltanet(reader: CheckpointReader, prefix: str, hc: HybridConfig, hidde
         rows = [get("in_proj_qkv.weight", (2 * kd + vd, hidden)), get("in_proj_z.weight", (vd, hidden)),
                 get("in_proj_b.weight", (hv, hidden)), get("in_proj_a.weight", (hv, hidden))]
     return DeltaNetWeights(
-        in_proj=matmul_layout(torch.cat(rows)),
+        in_proj=matmul_layout(torch.cat(rows), dense_dtype=dense_dtype),
         conv=get("conv1d.weight", (hc.conv_dim, 1, hc.conv_kernel))[:, 0].contiguous(),
         dt_bias=get("dt_bias", (hv,)),
         decay_rate=get("A_log", (hv,)).float().exp(),  # A_log in the compute dtype first, as transformers holds it
         norm=get("norm.weight", (dv,)),
-        out=matmul_layout(get("out_proj.weight", (hidden, vd))),
+        out=matmul_layout(get("out_proj.weight", (hidden, vd)), dense_dtype=dense_dtype),
         num_key_heads=hk,
         num_value_heads=hv,
         key_head_dim=dk,

@@ -21,9 +21,10 @@ from moemesh.checkpoint.progress import load_layers
 from moemesh.config import ModelConfig
 from moemesh.models.batch import BatchMeta
 from moemesh.models.deepseek_v3.decoder import tensors_of
-from moemesh.checkpoint.fp8_dequant import weights_reader
+from kernels.prepare import check_dense_dtype
+from moemesh.checkpoint.fp8_dequant import fp8_block_size, weights_reader
 from moemesh.models.deepseek_v3.moe import DenseMLP, load_dense_mlp
-from moemesh.models.layers import linear, matmul_layout, rope_for_step
+from moemesh.models.layers import held_bytes, linear, matmul_layout, rope_for_step
 from moemesh.models.partial_rope import permuted_rope
 from moemesh.models.qwen3_next.config import HybridConfig
 from moemesh.models.qwen3_next.gated_attention import GatedAttentionWeights, gated_attention, load_gated_attention
@@ -51,8 +52,17 @@ class Qwen3NextForCausalLM:
     # a prefix is not kept per block), so these models run without it.
     supports_prefix_cache = False
 
-    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype) -> None:
-        self.cfg, self.dtype = cfg, dtype
+    def __init__(self, cfg: ModelConfig, reader: CheckpointReader, dtype: torch.dtype, dense_dtype: str | None = None) -> None:
+        check_dense_dtype(dense_dtype)
+        if dense_dtype is not None and fp8_block_size(cfg.raw) is not None:
+            # The gated attention splits each head's query and gate rows apart and the linear attention
+            # regroups its input projections by head at load: rows move across the stored 128-row FP8
+            # blocks, so a BlockwiseFP8 checkpoint's matrices could only be re-quantized, not kept.
+            raise ValueError(
+                f"dense_dtype {dense_dtype!r} is not supported for {cfg.architecture} on a BlockwiseFP8 checkpoint: its "
+                "attention projections are re-laid by rows at load (unset dense_dtype; a float checkpoint quantizes)"
+            )
+        self.cfg, self.dtype, self.dense_dtype = cfg, dtype, dense_dtype
         reader = weights_reader(reader, cfg.raw)  # BlockwiseFP8 non-expert weights are dequantized at load
         self.hybrid = HybridConfig.from_model_config(cfg)
         rope = permuted_rope(cfg, self.hybrid.rotary_dim)
@@ -63,19 +73,22 @@ class Qwen3NextForCausalLM:
         self.norm = zero_centered(reader.get("model.norm.weight", shape=(h,), dtype=dtype))
         tied = cfg.tie_word_embeddings or not reader.has("lm_head.weight")
         self.lm_head = self.embed if tied else matmul_layout(reader.get("lm_head.weight", shape=(v, h), dtype=dtype))
+        if dense_dtype is not None:  # its own quantized copy (tied: the embedding stays, it is indexed)
+            self.lm_head = matmul_layout(self.embed if tied else self.lm_head, dense_dtype=dense_dtype)
 
     def _load_layer(self, reader: CheckpointReader, layer: int) -> HybridLayer:
         cfg, dt, p = self.cfg, self.dtype, f"model.layers.{layer}"
         h = cfg.hidden_size
         if self.hybrid.layer_types[layer] == "linear_attention":
-            mixer = load_deltanet(reader, f"{p}.linear_attn", self.hybrid, h, cfg.rms_norm_eps, dt)
+            mixer = load_deltanet(reader, f"{p}.linear_attn", self.hybrid, h, cfg.rms_norm_eps, dt, self.dense_dtype)
         else:
-            mixer = load_gated_attention(reader, f"{p}.self_attn", cfg, self.perm, dt)
+            mixer = load_gated_attention(reader, f"{p}.self_attn", cfg, self.perm, dt, self.dense_dtype)
         if cfg.is_moe_layer(layer):
-            mlp = load_sparse_moe(reader, f"{p}.mlp", cfg, self.hybrid.shared_expert_intermediate_size, dt)
+            mlp = load_sparse_moe(reader, f"{p}.mlp", cfg, self.hybrid.shared_expert_intermediate_size, dt, self.dense_dtype)
         else:
             dense = load_dense_mlp(reader, f"{p}.mlp", h, cfg.intermediate_size, dt)
-            mlp = DenseMLP(matmul_layout(dense.gate_up), matmul_layout(dense.down))
+            fmt = self.dense_dtype
+            mlp = DenseMLP(matmul_layout(dense.gate_up, dense_dtype=fmt), matmul_layout(dense.down, dense_dtype=fmt))
         return HybridLayer(
             input_norm=zero_centered(reader.get(f"{p}.input_layernorm.weight", shape=(h,), dtype=dt)),
             mixer=mixer,
@@ -96,7 +109,7 @@ class Qwen3NextForCausalLM:
         tensors = [self.lm_head, self.norm]
         for lyr in self.layers:
             tensors += [lyr.input_norm, lyr.post_norm, *tensors_of(lyr.mixer), *tensors_of(lyr.mlp)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(held_bytes(t) for t in tensors)
 
     def forward_stages(
         self, meta: BatchMeta, caches: Sequence[Any], experts: ExpertCompute, knobs: MoeKnobs

@@ -44,14 +44,18 @@ class SparseMoE:
     shared: SharedExpert | None
 
 
-def load_sparse_moe(reader: CheckpointReader, prefix: str, cfg: ModelConfig, shared_inter: int, dtype: torch.dtype) -> SparseMoE:
-    """prefix: the layer's `mlp` module."""
+def load_sparse_moe(
+    reader: CheckpointReader, prefix: str, cfg: ModelConfig, shared_inter: int, dtype: torch.dtype, dense_dtype: str | None = None
+) -> SparseMoE:
+    """prefix: the layer's `mlp` module; dense_dtype: the shared expert's matrices held in it (its gate
+    and the router stay dense)."""
     h = cfg.hidden_size
     shared = None
     if shared_inter:
         mlp = load_dense_mlp(reader, f"{prefix}.shared_expert", h, shared_inter, dtype)
         gate = reader.get(f"{prefix}.shared_expert_gate.weight", shape=(1, h), dtype=dtype)
-        shared = SharedExpert(DenseMLP(matmul_layout(mlp.gate_up), matmul_layout(mlp.down)), gate)
+        fmt = dense_dtype
+        shared = SharedExpert(DenseMLP(matmul_layout(mlp.gate_up, dense_dtype=fmt), matmul_layout(mlp.down, dense_dtype=fmt)), gate)
     return SparseMoE(reader.get(f"{prefix}.gate.weight", shape=(cfg.num_experts, h), dtype=dtype), shared)
 
 

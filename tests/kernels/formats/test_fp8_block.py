@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kernels.formats import cat_fp8_block, fp8_block_from_checkpoint, quantize_fp8_block
+from kernels.formats import cat_fp8_block, cat_fp8_rows, fp8_block_from_checkpoint, permute_fp8_rows, quantize_fp8_block
 from tests.kernels.oracles import ct_fp8_block
 
 
@@ -116,3 +116,41 @@ def test_many_slabs_of_block_rows_give_the_same_bytes(monkeypatch, scale_fmt):
     assert torch.equal(slabs.scale, whole.scale)
     ref = torch.cat([quantize_fp8_block(w[:, s * 40 : (s + 1) * 40], block=(16, 32), scale_fmt=scale_fmt).dequantize() for s in range(2)], dim=1)
     assert torch.equal(slabs.dequantize(), ref)
+
+
+@pytest.mark.parametrize(
+    "rows,block",
+    [((64, 32, 32), (32, 32)), ((64, 32, 32), (128, 128)), ((192, 64, 64), (128, 128)), ((256, 128, 128), (128, 128)),
+     ((80, 16, 16), (32, 32)), ((96, 96), (64, 64))],
+)
+def test_cat_fp8_rows_keeps_bytes_and_values(rows, block):
+    """q | k | v of different row counts joined as stored: same bytes, same dequantized values (segments
+    of whole blocks, or within one block whose scale row is copied)."""
+    torch.manual_seed(sum(rows))
+    parts = [quantize_fp8_block(torch.randn(r, 100) * torch.rand(r, 1), block=block) for r in rows]
+    joined = cat_fp8_rows(parts)
+    assert joined.shape == (1, sum(rows), 100)
+    assert torch.equal(joined.weight.view(torch.uint8), torch.cat([p.weight for p in parts], dim=1).view(torch.uint8))
+    want = torch.cat([p.dequantize(torch.float32) for p in parts], dim=1)
+    assert torch.equal(joined.dequantize(torch.float32), want)
+
+
+def test_cat_fp8_rows_refuses_mixed_blocks_and_stacks():
+    a, b = quantize_fp8_block(torch.randn(32, 64), block=(32, 32)), quantize_fp8_block(torch.randn(32, 64))
+    with pytest.raises(ValueError, match="same block"):
+        cat_fp8_rows([a, b])
+    with pytest.raises(ValueError, match="one matrix"):
+        cat_fp8_rows([quantize_fp8_block(torch.randn(2, 32, 64))])
+    with pytest.raises(ValueError, match="empty"):
+        cat_fp8_rows([])
+
+
+def test_permute_fp8_rows_within_blocks_keeps_values_and_refuses_crossing_rows():
+    torch.manual_seed(9)
+    w = quantize_fp8_block(torch.randn(64, 40), block=(32, 32))
+    index = torch.cat([torch.randperm(16) + 16 * h for h in range(4)])  # per 16-row head, inside 32-row blocks
+    moved = permute_fp8_rows(w, index)
+    assert torch.equal(moved.dequantize(torch.float32)[0], w.dequantize(torch.float32)[0][index])
+    assert torch.equal(moved.scale, w.scale)
+    with pytest.raises(ValueError, match="across FP8 blocks"):
+        permute_fp8_rows(w, torch.arange(64).roll(16))

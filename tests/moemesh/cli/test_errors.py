@@ -99,6 +99,7 @@ RUN_FLAGS = [
     (["--max-model-len", "1"], "--max-model-len"),
     (["--dtype", "float16"], "--dtype"),
     (["--experts-dtype", "int3"], "--experts-dtype"),
+    (["--dense-dtype", "int8"], "--dense-dtype"),
     (["--device", "gpu"], "--device"),
     (["--micro-batches", "3"], "--micro-batches"),
     (["--block-size", "0"], "--block-size"),

@@ -10,7 +10,7 @@ from moemesh.cli.main import build_parser
 from moemesh.cli.up import RunMeshConfig, UpConfig, mesh_config
 from moemesh.launcher.mesh import Mesh, MeshSpec
 
-MESH_FLAGS = ["--model", "--expert-servers", "--attention-replicas", "--experts-dtype", "--transport", "--start-timeout",
+MESH_FLAGS = ["--model", "--expert-servers", "--attention-replicas", "--experts-dtype", "--dense-dtype", "--transport", "--start-timeout",
               "--attention-threads", "--no-prefix-cache", "--max-num-batched-tokens", "--no-all-experts-path", "--log-dir"]
 PUBLIC_FLAGS = ["--port", "--http-port", "--api-key", "--tls-cert", "--tls-key", "--tls-ca", "--tls-server-name"]
 
@@ -40,12 +40,12 @@ def test_flags_reach_the_spec(monkeypatch, tiny_model_dir):
     monkeypatch.setenv("MOEMESH_API_KEY", "from-the-environment-0123")
     m = str(tiny_model_dir)
     ns = build_parser().parse_args(["up", "--model", m, "--expert-servers", "3", "--attention-replicas", "2", "--experts-dtype",
-                                    "fp8", "--transport", "dist", "--port", "8100", "--http-port", "0", "--start-timeout", "30",
+                                    "fp8", "--dense-dtype", "fp8", "--transport", "dist", "--port", "8100", "--http-port", "0", "--start-timeout", "30",
                                     "--attention-threads", "1", "--no-prefix-cache", "--max-num-batched-tokens", "64",
                                     "--no-all-experts-path", "--log-dir", "/tmp/logs"])
     cfg = mesh_config(ns, UpConfig)
-    assert cfg.mesh == MeshSpec(model_dir=m, expert_servers=3, attention_replicas=2, experts_dtype="fp8", transport="dist",
-                                port=8100, http_port=0, start_timeout_s=30.0, attention_threads=1, prefix_cache=False,
+    assert cfg.mesh == MeshSpec(model_dir=m, expert_servers=3, attention_replicas=2, experts_dtype="fp8", dense_dtype="fp8",
+                                transport="dist", port=8100, http_port=0, start_timeout_s=30.0, attention_threads=1, prefix_cache=False,
                                 max_num_batched_tokens=64, all_experts_path=False, api_key="from-the-environment-0123")
     assert cfg.log_dir == "/tmp/logs"
     assert mesh_config(build_parser().parse_args(["up", "--model", m, "--api-key", "on-the-command-line"]), UpConfig).mesh.api_key \
@@ -55,6 +55,7 @@ def test_flags_reach_the_spec(monkeypatch, tiny_model_dir):
 @pytest.mark.parametrize("argv, message", [(["--expert-servers", "0"], "expert_servers must be >= 1"),
                                            (["--expert-servers", "two"], "--expert-servers"),
                                            (["--experts-dtype", "int3"], "experts_dtype"),
+                                           (["--dense-dtype", "int8"], "dense_dtype"),
                                            (["--start-timeout", "0"], "--start-timeout"),
                                            (["--attention-threads", "-1"], "--attention-threads"),
                                            ([], "--model: model directory '/m' does not exist")])
@@ -72,3 +73,13 @@ def test_the_expert_servers_get_the_all_experts_switch(tmp_path, monkeypatch):
         started.clear()
         Mesh(dataclasses.replace(MeshSpec(model_dir="/m", expert_servers=1), all_experts_path=on), tmp_path / str(on)).start()
         assert started["expert-0"]["all_experts_path"] is (None if on else False)  # the flag is passed only to turn it off
+
+
+def test_the_attention_replicas_get_the_dense_format(tmp_path, monkeypatch):
+    started = {}
+    monkeypatch.setattr(Mesh, "_spawn", lambda self, name, service, flags: started.setdefault(name, flags) and f"127.0.0.1:{len(started)}")
+    monkeypatch.setattr(Mesh, "_wait", lambda self, addresses: None)
+    for fmt in (None, "fp8"):
+        started.clear()
+        Mesh(MeshSpec(model_dir="/m", expert_servers=1, dense_dtype=fmt), tmp_path / str(fmt)).start()
+        assert started["attention-0"]["dense_dtype"] == fmt and "dense_dtype" not in started["expert-0"]

@@ -45,6 +45,7 @@ def build(family: str):
     cfg = parse_model_config(raw)
     model = DeepseekV32ForCausalLM.__new__(DeepseekV32ForCausalLM)  # only the attention loader is used
     model.cfg, model.dtype, model.dsa, model.mla = cfg, torch.float32, DSAConfig.from_model_config(cfg), mla_config(raw)
+    model.dense_dtype = None
     w = model.load_attention(DictReader(attn.state_dict(), "a."), "a", 0)
     x = torch.randn(N, hf.hidden_size)
     cos, sin = rope_cls(hf)(x, torch.arange(N)[None])
