@@ -38,17 +38,26 @@ def linear_cpu_variant(x: Tensor, w) -> str | None:
     on the CPU, x float32 or bfloat16; w of x's dtype, [N, K] plain with unit stride along K and at most
     MAX_ROWS[dtype] rows, or a one-matrix quantized w the kernels read with at most MAX_QUANTIZED_ROWS
     rows; a compiled variant selected."""
+    if isinstance(w, QUANTIZED_TYPES):
+        return selected_variant() if quantized_linear_args(x, w) is not None else None
     if not (x.dim() == 2 and x.dtype in DTYPES and x.device.type == "cpu" and w.device.type == "cpu"):
         return None
-    if isinstance(w, QUANTIZED_TYPES):
-        if x.shape[0] > MAX_QUANTIZED_ROWS or w.shape[0] != 1 or w.shape[2] != x.shape[1] or projection_args(w) is None:
-            return None
-        return selected_variant()
     if not (
         w.dim() == 2 and w.dtype == x.dtype and x.shape[0] <= MAX_ROWS[x.dtype] and not w.is_mkldnn and w.stride(-1) == 1
     ):
         return None
     return selected_variant()
+
+
+def quantized_linear_args(x: Tensor, w) -> tuple | None:
+    """For a one-matrix quantized w ([1, N, K]): the kernels' (ints, data, scale, scale2) view of it when
+    they take x @ w.T (x float32/bfloat16 [M, K] on the CPU, M <= MAX_QUANTIZED_ROWS, a layout they
+    read), else None. Built once per call and handed to `run_linear`."""
+    if not (x.dim() == 2 and x.dtype in DTYPES and x.device.type == "cpu" and w.device.type == "cpu"):
+        return None
+    if x.shape[0] > MAX_QUANTIZED_ROWS or w.shape[0] != 1 or w.shape[2] != x.shape[1]:
+        return None
+    return projection_args(w)
 
 
 def holds_plain(dtype: torch.dtype, device: torch.device) -> bool:
@@ -75,11 +84,12 @@ def linear_cpu(x: Tensor, w, variant: str | None = None) -> Tensor:
     return run_linear(x, w, chosen)
 
 
-def run_linear(x: Tensor, w, variant: str) -> Tensor:
-    """`linear_cpu` on a variant already chosen (the extension checks shapes and dtypes)."""
+def run_linear(x: Tensor, w, variant: str, args: tuple | None = None) -> Tensor:
+    """`linear_cpu` on a variant already chosen (the extension checks shapes and dtypes); args: a
+    quantized w's view from `quantized_linear_args`, when the caller has it."""
     if isinstance(w, Tensor):  # [N, K]: handed over as is, its format code from the dtype
         args = ([_INTS.get(w.dtype, -1), w.shape[-1], 1, 1, 1, 1], w, _EMPTY, _EMPTY)
-    else:
+    elif args is None:
         args = projection_args(w)  # [1, N, K] stored bytes, scales
     out = extension().linear(x.contiguous(), *args, variant)  # [M, N] float32
     return out if x.dtype == torch.float32 else out.to(x.dtype)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernels.cpu import step_ops
-from kernels.cpu.linear_cpu import holds_plain, linear_cpu_variant, run_linear
+from kernels.cpu.linear_cpu import holds_plain, linear_cpu_variant, quantized_linear_args, run_linear
+from kernels.cpu.variant import selected_variant
 from kernels.experts import QUANTIZED_TYPES
 from kernels.formats import FP8BlockExperts, cat_fp8_rows
 from kernels.prepare import prepare_dense
@@ -172,9 +173,10 @@ def quantized_linear(x: Tensor, w) -> Tensor:
     (another device, no compiled variant), W is dequantized into a copy in x.dtype and torch's matmul
     runs: the GEMV-shaped kernels are built for few rows (their work grows with every row), while the
     copy's cost is shared by a prefill's many rows and torch's GEMMs then run at their full rate."""
-    variant = linear_cpu_variant(x, w)
+    args = quantized_linear_args(x, w)
+    variant = selected_variant() if args is not None else None
     if variant is not None:
-        return run_linear(x, w, variant)
+        return run_linear(x, w, variant, args)
     return x @ w.dequantize(x.dtype)[0].t()  # [T, in] @ [in, out]
 
 

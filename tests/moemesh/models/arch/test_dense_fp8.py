@@ -147,15 +147,7 @@ def test_blockwise_fp8_checkpoint_keeps_the_stored_bytes(arch, tmp_path):
     assert torch.equal(attn.o.weight[0].view(torch.uint8), stored.get(f"{a}.o_proj.weight").view(torch.uint8))
     assert torch.equal(attn.o.scale[0], stored.get(f"{a}.o_proj.weight_scale_inv"))
 
-    # the checkpoint stores its LM head in float (as DeepSeek's and Qwen3's FP8 checkpoints do): the engine
-    # quantizes it at load, so the reference holds the same values
-    deq = load_file(str(deq_dir / "model.safetensors"))
-    deq["lm_head.weight"] = fp8_round_trip(deq["lm_head.weight"])
-    save_file(deq, str(deq_dir / "model.safetensors"))
-    ref = tf.AutoModelForCausalLM.from_pretrained(deq_dir, dtype=torch.float32).eval()
-    res = run_prompts(engine, [PROMPT], 8)[0]
-    assert_logprobs_close(res.prompt_logprobs, prompt_logprobs(ref, PROMPT))
-    assert res.token_ids == greedy(ref, PROMPT, 8)
+    assert_matches_dequantized(engine, deq_dir)
 
 
 def test_bad_dense_dtype_names_the_field():
@@ -181,6 +173,14 @@ def test_blockwise_fp8_mla_checkpoint_keeps_its_projections_and_dequantizes_kv_b
         assert torch.equal(getattr(mla, name).weight[0].view(torch.uint8), stored.get(f"{a}.{proj}.weight").view(torch.uint8))
     deq = load_file(str(deq_dir / "model.safetensors"))
     torch.testing.assert_close(mla.kv_b, deq[f"{a}.kv_b_proj.weight"], rtol=0, atol=0)
+    assert_matches_dequantized(engine, deq_dir)
+
+
+def assert_matches_dequantized(engine, deq_dir):
+    """The engine on a BlockwiseFP8 checkpoint against transformers on its dequantized copy. The
+    checkpoint stores its LM head in float (as DeepSeek's and Qwen3's FP8 checkpoints do): the engine
+    quantizes it at load, so the reference holds the same values."""
+    deq = load_file(str(deq_dir / "model.safetensors"))
     deq["lm_head.weight"] = fp8_round_trip(deq["lm_head.weight"])
     save_file(deq, str(deq_dir / "model.safetensors"))
     ref = tf.AutoModelForCausalLM.from_pretrained(deq_dir, dtype=torch.float32).eval()
