@@ -37,7 +37,12 @@ NAME = "moemesh_cpu_kernels"
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("moe_cpu.cpp", "isa_avx512.cpp", "isa_avx2.cpp", "step_ops.cpp")
 HEADERS = ("api.h", "kernel_impl.h", "attention_impl.h")
-CFLAGS = ("-O3", "-std=c++17", "-fno-math-errno")
+# -fopenmp: ATen's parallel_for (the kernels' thread split) is an OpenMP region only where _OPENMP is
+# defined; without it every call runs on the calling thread alone. The library then needs
+# libgomp.so.1, which resolves to the copy torch has already loaded (same soname): one thread pool,
+# sized by torch.set_num_threads.
+CFLAGS = ("-O3", "-std=c++17", "-fno-math-errno", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 CACHE_ENV = "MOEMESH_KERNEL_CACHE"
 
 
@@ -57,7 +62,7 @@ def source_stamp() -> str:
     for name in SOURCES + HEADERS:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
-    h.update(" ".join(CFLAGS).encode())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode())
     return h.hexdigest()
 
 
@@ -91,6 +96,7 @@ def _compile(build_dir: Path) -> ModuleType:
         name=NAME,
         sources=[str(CSRC / s) for s in SOURCES],
         extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
         build_directory=str(build_dir),
         verbose=False,
     )
