@@ -3,6 +3,8 @@ and print which variant this machine runs. Never fails: without a compiler the t
 import logging
 import sys
 
+import torch
+
 from kernels.cpu.build import build_dir, extension
 from kernels.cpu.variant import selected_variant
 
@@ -14,7 +16,8 @@ def main() -> int:
         print("kernels.cpu: compiled kernels unavailable; the torch path runs", file=sys.stderr)
         return 0
     print(f"kernels.cpu: built in {build_dir()}; variant {selected_variant() or 'torch'} "
-          f"(this CPU runs: {', '.join(ext.variants()) or 'none'})", file=sys.stderr)
+          f"(this CPU runs: {', '.join(ext.variants()) or 'none'}); "
+          f"{ext.parallel_threads(64)} of {torch.get_num_threads()} threads per parallel region", file=sys.stderr)
     return 0
 
 

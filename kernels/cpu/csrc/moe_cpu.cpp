@@ -316,6 +316,19 @@ at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const a
   return out;
 }
 
+// How many threads one at::parallel_for region of `items` items (grain 1) runs on: torch's intra-op
+// thread count when the library was built with OpenMP (build.py), 1 where it was not.
+int64_t parallel_threads(int64_t items) {
+  std::vector<int> used(std::max<int64_t>(1, at::get_num_threads()), 0);
+  at::parallel_for(0, items, 1, [&](int64_t, int64_t) {
+    const int t = at::get_thread_num();
+    if (t >= 0 && t < int(used.size())) used[t] = 1;
+  });
+  int64_t n = 0;
+  for (int u : used) n += u;
+  return n;
+}
+
 std::vector<std::string> variants() {
   std::vector<std::string> out;
   for (const char* v : {"avx512", "avx2"})
@@ -333,6 +346,7 @@ void bind_step_ops(pybind11::module_& m);  // step_ops.cpp
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "moemesh CPU expert kernels";
   m.def("variants", &moemesh_cpu::variants, "kernel variants this CPU runs, best first");
+  m.def("parallel_threads", &moemesh_cpu::parallel_threads, "threads one parallel region of n items runs on");
   // the GIL is released while the kernels run (as torch's own ops do), so other Python threads go on
   m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format",
         py::call_guard<py::gil_scoped_release>());
