@@ -36,6 +36,7 @@ struct Weights {
   int64_t per_seg;  // fp8 scale rows per segment
   int64_t qbn, qbk; // fp8 block
   int bf16_x;       // the activation rows hold bfloat16 values and the CPU has AVX512-BF16
+  int vbmi;         // bf16_x, and the CPU has AVX512-VBMI (byte permutes: the FP8 table decode)
 };
 
 // Activations are handed to the kernels as float32 rows of `padded_k(k)` values, zero beyond k,

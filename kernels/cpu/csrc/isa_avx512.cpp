@@ -302,6 +302,107 @@ struct V {
     fp8_bf16_tile<MR, 4>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
   }
 
+  // FP8 (E4M3) weights with byte permutes (AVX512-VBMI), 64 bytes of a row per step: the magnitude's
+  // 7 bits pick the high and the low byte of its bfloat16 (E4M3_BF16) from two 128-byte tables, one
+  // vpermt2b each, the sign bit is or-ed into the high bytes, and byte unpacks pair them into two
+  // vectors of 32 bfloat16: vector 0 holds elements 16L + 0..7 in its 128-bit lane L, vector 1
+  // elements 16L + 8..15 (the activations are converted to match, bf16_x_fp8_vbmi). A third of the
+  // instructions of the word-permute decode per element.
+  static constexpr int FP8_VBMI_STEP = 64;  // elements per step; the block width must be a multiple
+
+  // x: M rows of kx float32 (zero past the row's k) -> xb: M rows of kp / 32 bfloat16 vectors, zero
+  // past kx (kp a multiple of 64 >= kx): row m, step s, vector h at xb[m * (kp / 32) + 2 s + h].
+  __attribute__((target("avx512bf16"))) static void bf16_x_fp8_vbmi(const float* x, int64_t ldx, int64_t kx, int64_t kp,
+                                                                    int64_t M, __m512bh* xb) {
+    alignas(64) int32_t lo_idx[16], hi_idx[16];
+    for (int l = 0; l < 16; ++l) {
+      lo_idx[l] = (l < 8 ? 0 : 16) + l % 8;  // floats 0-7 of the first vector, then 0-7 of the second
+      hi_idx[l] = lo_idx[l] + 8;
+    }
+    const __m512i il = _mm512_load_si512(lo_idx), ih = _mm512_load_si512(hi_idx);
+    const int64_t steps = kp / FP8_VBMI_STEP;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * ldx;
+      for (int64_t st = 0; st < steps; ++st) {
+        F f[4];  // elements 16i .. 16i + 15 of the step, zero past kx
+        for (int i = 0; i < 4; ++i) {
+          const int64_t e0 = st * FP8_VBMI_STEP + 16 * i;
+          f[i] = e0 < kx ? _mm512_loadu_ps(xr + e0) : zero();
+        }
+        // vector 0: elements 0-7, 16-23 (floats), then 32-39, 48-55; vector 1 the other halves
+        xb[m * (kp / 32) + 2 * st] = _mm512_cvtne2ps_pbh(_mm512_permutex2var_ps(f[2], il, f[3]), _mm512_permutex2var_ps(f[0], il, f[1]));
+        xb[m * (kp / 32) + 2 * st + 1] = _mm512_cvtne2ps_pbh(_mm512_permutex2var_ps(f[2], ih, f[3]), _mm512_permutex2var_ps(f[0], ih, f[1]));
+      }
+    }
+  }
+
+  // out[m * ldo + j] = sum_k x[m, k] * row_j[k] for m < MR, j < nvalid over an NR_-row tile: rows d[j]
+  // of k e4m3 bytes (the last step's bytes past k are not read) with their scale rows s[j] (one float
+  // per qbk elements, qbk a multiple of 64); `ahead` bytes from each row is the same row of a later
+  // tile, prefetched a cache line per step.
+  template <int MR, int NR_>
+  __attribute__((target("avx512bf16,avx512vbmi"))) static void fp8_vbmi_tile(const uint8_t* const* d,
+                                                                            const float* const* s, int64_t ahead,
+                                                                            int nvalid, const __m512bh* xb, int64_t k,
+                                                                            int64_t qbk, float* out, int64_t ldo) {
+    const int64_t steps = (k + FP8_VBMI_STEP - 1) / FP8_VBMI_STEP, full = k / FP8_VBMI_STEP;
+    const int64_t per_block = qbk / FP8_VBMI_STEP, ldx = 2 * steps;
+    const __mmask64 tail = (k % FP8_VBMI_STEP) ? (~__mmask64(0) >> (64 - k % FP8_VBMI_STEP)) : ~__mmask64(0);
+    alignas(64) uint8_t hb[128], lb[128];
+    for (int c = 0; c < 128; ++c) {
+      hb[c] = uint8_t(E4M3_BF16[c] >> 8);
+      lb[c] = uint8_t(E4M3_BF16[c] & 0xFF);
+    }
+    const __m512i h0 = _mm512_load_si512(hb), h1 = _mm512_load_si512(hb + 64);
+    const __m512i l0 = _mm512_load_si512(lb), l1 = _mm512_load_si512(lb + 64);
+    const __m512i sign = _mm512_set1_epi8(char(0x80));
+    F acc[MR][NR_];
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NR_; ++j) acc[m][j] = zero();
+    for (int64_t s0 = 0; s0 < steps; s0 += per_block) {
+      const int64_t s1 = s0 + per_block < steps ? s0 + per_block : steps;
+      F t[MR][NR_];
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < NR_; ++j) t[m][j] = zero();
+      for (int64_t st = s0; st < s1; ++st) {
+        for (int j = 0; j < NR_; ++j) {
+          const uint8_t* p = d[j] + FP8_VBMI_STEP * st;
+          __m512i code;
+          if (st < full) {
+            __builtin_prefetch(p + ahead);
+            code = _mm512_loadu_si512(p);
+          } else {
+            code = _mm512_maskz_loadu_epi8(tail, p);
+          }
+          const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(h0, code, h1), code, sign, 0xF8);
+          const __m512i lo = _mm512_permutex2var_epi8(l0, code, l1);
+          const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi);
+          const __m512bh w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
+          for (int m = 0; m < MR; ++m) {
+            t[m][j] = _mm512_dpbf16_ps(t[m][j], w0, xb[m * ldx + 2 * st]);
+            t[m][j] = _mm512_dpbf16_ps(t[m][j], w1, xb[m * ldx + 2 * st + 1]);
+          }
+        }
+      }
+      for (int j = 0; j < NR_; ++j) {
+        const F sc = set1(s[j][s0 / per_block]);
+        for (int m = 0; m < MR; ++m) acc[m][j] = fma(t[m][j], sc, acc[m][j]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
+  }
+
+  template <int MR = 4>
+  static void fp8_vbmi(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
+                       int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr) {
+    if constexpr (MR > 1) {
+      if (mr < MR) return fp8_vbmi<MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr);
+    }
+    if (MR <= 2) return fp8_vbmi_tile<MR, 8>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+    fp8_vbmi_tile<MR, 4>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+  }
+
   // 16 bytes of E2M1 pairs, one scale -> even elements (low nibbles) and odd elements (high
   // nibbles); vpermps reads the low 4 bits of each index from the 16 scaled values.
   static void e2m1_chunk1(const uint8_t* p, float a, F* out) {

@@ -362,21 +362,28 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
 
 // FP8 weights on the variant's bfloat16 dot products (V::fp8_bf16), V::bf16_tile_rows(M) rows at a
 // time, for up to MR activation rows that hold bfloat16 values; false (nothing done) where the
-// variant has none. The activation rows are converted to bfloat16 once per call.
+// variant has none. With `vbmi` (and block widths a multiple of V::FP8_VBMI_STEP) the tiles decode
+// with byte permutes (V::fp8_vbmi), else word permutes. The activation rows are converted to
+// bfloat16 once per call, in the layout the chosen tiles read.
 template <class VV = V>
 bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
-                     float* out, int64_t ldo) {
+                     float* out, int64_t ldo, bool vbmi) {
   if constexpr (!VV::BF16_DOT) {
     return false;
   } else {
     if (M > VV::MR) return false;
     constexpr int TR = VV::BF16_TILE_ROWS;
     const int tr = VV::bf16_tile_rows(M);
-    const int64_t kp = padded_k(k);
+    const bool bytes = vbmi && d.qbk % VV::FP8_VBMI_STEP == 0;
+    const int64_t kp = bytes ? (k + VV::FP8_VBMI_STEP - 1) / VV::FP8_VBMI_STEP * VV::FP8_VBMI_STEP : padded_k(k);
     const int64_t ahead = rows_ahead(d.stride, tr, QUANT_PREFETCH_BYTES);
     prefetch_rows(d, n0, n1 - n0 < ahead ? n1 - n0 : ahead, k);  // the rows up to the prefetch distance, up front
     auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * (kp / 32) * M));
-    VV::bf16_x_plain(x, ldx, kp, M, xb);
+    if (bytes) {
+      VV::bf16_x_fp8_vbmi(x, ldx, padded_k(k), kp, M, xb);
+    } else {
+      VV::bf16_x_plain(x, ldx, kp, M, xb);
+    }
     for (int64_t n = n0; n < n1; n += tr) {
       const int nvalid = int(n1 - n < tr ? n1 - n : tr);
       const uint8_t* rd[TR];
@@ -386,7 +393,11 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
         rd[j] = r.d;
         rs[j] = r.s;
       }
-      VV::fp8_bf16(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+      if (bytes) {
+        VV::fp8_vbmi(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+      } else {
+        VV::fp8_bf16(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+      }
     }
     std::free(xb);
     return true;
@@ -437,7 +448,7 @@ void matmul(const Weights& w, int64_t e, int64_t n0, int64_t n1, const float* x,
     case FMT_FP8: {
       const DecFP8 d{data + e * w.sd_e, w.sd_n, static_cast<const float*>(w.scale) + e * w.ss_e, w.ss_r,
                      w.seg_rows, w.per_seg, w.qbn, w.qbk};
-      if (w.bf16_x && matmul_fp8_bf16(d, w.k, n0, n1, x, M, ldx, out, ldo)) return;
+      if (w.bf16_x && matmul_fp8_bf16(d, w.k, n0, n1, x, M, ldx, out, ldo, w.vbmi != 0)) return;
       return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, false);
     }
     case FMT_MXFP4: {

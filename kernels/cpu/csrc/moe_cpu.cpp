@@ -39,6 +39,17 @@ bool bf16_dot(const std::string& variant) {
 #endif
 }
 
+// Whether the AVX-512 kernels may also decode FP8 with byte permutes (AVX512-VBMI), given bf16_dot.
+bool vbmi(const std::string& variant) {
+#ifdef MOEMESH_X86_KERNELS
+  __builtin_cpu_init();
+  return bf16_dot(variant) && __builtin_cpu_supports("avx512vbmi");
+#else
+  (void)variant;
+  return false;
+#endif
+}
+
 bool supports(const std::string& variant) {
 #ifdef MOEMESH_X86_KERNELS
   __builtin_cpu_init();
@@ -146,6 +157,7 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   // With bfloat16 x, the gate_up input and the down input (the activation, rounded to bfloat16 as the
   // reference rounds it) hold bfloat16 values.
   gu.bf16_x = dn.bf16_x = bf16 && bf16_dot(variant);
+  gu.vbmi = dn.vbmi = gu.bf16_x && vbmi(variant);
   const int64_t T = x.size(0), H = x.size(1), N = token_idx.numel(), G = expert_idx.numel();
   const int64_t* tok = token_idx.data_ptr<int64_t>();
   const float* rw = row_weight.data_ptr<float>();
@@ -298,6 +310,7 @@ at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const a
   if (M == 0 || N == 0) return out;
   // With bfloat16 x the quantized formats may multiply in bfloat16 (x's values are bfloat16 already).
   wt.bf16_x = x.scalar_type() == at::kBFloat16 && bf16_dot(variant);
+  wt.vbmi = wt.bf16_x && vbmi(variant);
   const int64_t kp = padded_k(K);
   std::vector<float> xp(M * kp), row(K);
   for (int64_t m = 0; m < M; ++m) {

@@ -141,8 +141,10 @@ def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
 @pytest.mark.parametrize("h, i", [(96, 70), (200, 136)], ids=["k96_70", "k200_136"])
 def test_fp8_decode_rows_with_every_block_width(variant, block, h, i):
     # up to 4 rows per expert (with bfloat16 x and AVX512-BF16, the bfloat16 dot products summing a
-    # block's 32-element chunks before its scale), blocks of 1, 2 or 4 chunks, K ending inside a
-    # chunk and inside a block, 70 output columns leaving a partial tile of rows
+    # block's 32-element chunks before its scale; blocks of 64 or more elements decoded with byte
+    # permutes where the CPU has AVX512-VBMI, 32-element blocks with word permutes), blocks of 1, 2
+    # or 4 chunks, K ending inside a chunk and inside a block, 70 output columns leaving a partial
+    # tile of rows
     variant_or_skip(variant)
     g = torch.Generator().manual_seed(h + block[1])
     w = ExpertWeights(
