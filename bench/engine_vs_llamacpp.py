@@ -24,13 +24,16 @@ quantized with llama.cpp's quantizer (bench/llamacpp_gguf.py); GGUF files are ca
 Both sides decode greedily, batch 1, from the same prompt token ids, with --threads threads
 (llama.cpp n_threads; torch threads in the engine's own process, bench/engine_worker.py), timed
 from the first generated token to the last (prefill excluded); each figure is the best of --repeats
-runs, the two sides alternating, after 32 untimed tokens on each side (llama.cpp maps the GGUF into
-memory, so an expert is paged in when first used). Printed: tokens per second and ms per step of
+runs, after 32 untimed tokens on each side (llama.cpp maps the GGUF into memory, so an expert is
+paged in when first used). Both llama.cpp models and the three engines stay loaded together and
+take turns, one run each per round, so that every ratio (moemesh/llama.cpp in a row, and 4-bit/bf16
+on either side) compares runs taken minutes apart at most. Printed: tokens per second and ms per step of
 each side, the moemesh/llama.cpp ratio per row, each side's 4-bit/bf16 ratio, and the load times.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -112,35 +115,46 @@ def gguf_files(model_dir: Path, a: argparse.Namespace, progress) -> tuple[Path, 
         return bf16, gguf_file(model_dir, "q4_0", a.threads, a.sdist, progress), "q4_0"
 
 
-def measure_row(
-    model_dir: Path, gguf: Path, experts_dtype: str | None, dense_dtype: str | None, prompt: list[int], a
-) -> tuple[Side, Side]:
-    """(llama.cpp, moemesh) for one row, runs alternating."""
+def measure_rows(
+    model_dir: Path, ggufs: dict[str, Path], engines: dict[str, tuple[str | None, str | None]], prompt: list[int], a
+) -> tuple[dict[str, Side], dict[str, Side]]:
+    """Every llama.cpp model (name -> GGUF) and every engine (name -> (experts_dtype, dense_dtype)) loaded
+    at once, then --repeats rounds in which each runs once, one after another: ratios between any two
+    of them (across rows too) come from runs minutes apart at most, not from separate phases of the
+    bench. -> (llama.cpp sides by GGUF name, moemesh sides by engine name)."""
     from llama_cpp import Llama
 
     from bench.engine_worker import EngineProcess
     from moemesh.engine import EngineConfig
 
     n_ctx = len(prompt) + max(a.new_tokens, WARMUP_TOKENS) + 32
-    start = time.perf_counter()
-    llm = Llama(str(gguf), n_ctx=n_ctx, n_batch=max(len(prompt), 32), n_threads=a.threads, n_threads_batch=a.threads,
-                verbose=False)
-    llama_load = time.perf_counter() - start
-    config = EngineConfig(str(model_dir), dtype="bfloat16", experts_dtype=experts_dtype, dense_dtype=dense_dtype, num_threads=a.threads,
-                          max_num_seqs=1, kv_cache_tokens=n_ctx)
-    try:
-        with EngineProcess(config) as engine:
+    llms, llama_load = {}, {}
+    with contextlib.ExitStack() as stack:
+        for name, gguf in ggufs.items():
+            start = time.perf_counter()
+            llms[name] = Llama(str(gguf), n_ctx=n_ctx, n_batch=max(len(prompt), 32), n_threads=a.threads,
+                               n_threads_batch=a.threads, verbose=False)
+            llama_load[name] = time.perf_counter() - start
+            stack.callback(llms[name].close)
+        procs = {}
+        for name, (experts_dtype, dense_dtype) in engines.items():
+            config = EngineConfig(str(model_dir), dtype="bfloat16", experts_dtype=experts_dtype, dense_dtype=dense_dtype,
+                                  num_threads=a.threads, max_num_seqs=1, kv_cache_tokens=n_ctx)
+            procs[name] = stack.enter_context(EngineProcess(config))
+        runs = {("llama", n): (lambda llm=llm: llama_decode_rate(llm, prompt, a.new_tokens)) for n, llm in llms.items()}
+        runs.update({("moemesh", n): (lambda e=e: e.decode([prompt], a.new_tokens)) for n, e in procs.items()})
+        for llm in llms.values():
             llama_decode_rate(llm, prompt, WARMUP_TOKENS)
+        for engine in procs.values():
             engine.decode([prompt], WARMUP_TOKENS)
-            ours, theirs = [], []
-            for _ in range(a.repeats):
+        rates: dict[tuple[str, str], list[Rate]] = {key: [] for key in runs}
+        for _ in range(a.repeats):
+            for key, run in runs.items():
                 time.sleep(SWITCH_PAUSE_S)
-                theirs.append(llama_decode_rate(llm, prompt, a.new_tokens))
-                time.sleep(SWITCH_PAUSE_S)
-                ours.append(engine.decode([prompt], a.new_tokens))
-            return Side(best(theirs), llama_load), Side(best(ours), engine.load.load_s)
-    finally:
-        llm.close()
+                rates[key].append(run())
+        theirs = {n: Side(best(rates[("llama", n)]), llama_load[n]) for n in llms}
+        ours = {n: Side(best(rates[("moemesh", n)]), e.load.load_s) for n, e in procs.items()}
+        return theirs, ours
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         "4-bit": (q_gguf, q_kind, "mxfp4", a.dense_dtype, f"--experts-dtype mxfp4, other matrices {dense}"),
         "4-bit+8": (q_gguf, q_kind, "mxfp4", "fp8", "--experts-dtype mxfp4 --dense-dtype fp8 (attention, LM head BlockwiseFP8)"),
     }
-    results = {name: measure_row(model_dir, gguf, fmt, dfmt, prompt, a) for name, (gguf, _, fmt, dfmt, _) in rows.items()}
+    theirs, ours = measure_rows(model_dir, {"bf16": bf16_gguf, "4-bit": q_gguf},
+                                {name: (fmt, dfmt) for name, (_, _, fmt, dfmt, _) in rows.items()}, prompt, a)
+    results = {name: (theirs["bf16" if name == "bf16" else "4-bit"], ours[name]) for name in rows}
     print(f"{a.model or a.shape}: {model_dir}; llama.cpp from llama-cpp-python {version}; {a.threads} threads each side; "
           f"prompt of {len(prompt)} tokens, {a.new_tokens} new tokens (greedy, batch 1), best of {a.repeats}")
     print(f"{'row':<7}{'llama.cpp tok/s':>16}{'ms/step':>9}{'moemesh tok/s':>15}{'ms/step':>9}{'moemesh/llama.cpp':>19}   formats")

@@ -29,7 +29,9 @@ For each compute dtype of --dtypes it prints:
      resident anonymous vs file-backed bytes after decoding (targets of issue 12 for bf16: peak RSS
      <= 1.3x the checkpoint, load <= 5 s);
   4. one row per --experts-dtypes format (`EngineConfig.experts_dtype`, quantized on load): load
-     time, peak RSS, batch-1 and --concurrent tok/s, ratio to the bf16 row, GB/s of weight traffic.
+     time, peak RSS, batch-1 and --concurrent tok/s, ratio to the bf16 row, GB/s of weight traffic;
+     these engines are all loaded together and take turns, one run of each per round, so the
+     ratios between formats compare runs minutes apart at most.
 
 Every engine runs in a spawned process of its own (bench/engine_worker.py), so its load time and RSS
 are its own; transformers runs in this process. Decode rates exclude the prefill (first generated
@@ -39,6 +41,7 @@ transformers interleaved, so a noisy neighbour on a shared machine hurts both si
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
 from dataclasses import dataclass
@@ -184,6 +187,22 @@ def measure_engine(cfg: BenchConfig, engine: EngineProcess, one, many, rivals=No
     return run, {k: best(v) for k, v in runs.items() if k[0] != "engine"}
 
 
+def measure_engines(cfg: BenchConfig, configs: dict, one, many) -> dict[str, EngineRun]:
+    """Every configuration's engine loaded at once (one process each), then --repeats rounds in which
+    each decodes batch 1 and batch N in turn: the ratios between them compare runs minutes apart at
+    most, not separate phases of the bench."""
+    with contextlib.ExitStack() as stack:
+        engines = {name: stack.enter_context(EngineProcess(c)) for name, c in configs.items()}
+        for engine in engines.values():
+            engine.decode(one, 4)
+        runs: dict[tuple[str, str], list[Rate]] = {}
+        for _ in range(cfg.repeats):
+            for key, batch in (("1", one), ("n", many)):
+                for name, engine in engines.items():
+                    runs.setdefault((name, key), []).append(engine.decode(batch, cfg.new_tokens))
+        return {name: EngineRun(e.load, best(runs[(name, "1")]), best(runs[(name, "n")]), e.memory()) for name, e in engines.items()}
+
+
 def gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
@@ -233,10 +252,7 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
 
     if not cfg.experts_dtypes:
         return
-    rows = {}
-    for fmt in cfg.experts_dtypes:
-        with EngineProcess(engine_config(cfg, model_dir, dtype_name, fmt)) as engine:
-            rows[fmt] = measure_engine(cfg, engine, one, many)[0]
+    rows = measure_engines(cfg, {fmt: engine_config(cfg, model_dir, dtype_name, fmt) for fmt in cfg.experts_dtypes}, one, many)
     print(f"experts dtype (compute {dtype_name}, --experts-dtype; quantized on load):")
     print(f"{'format':<8}{'load s':>8}{'peak RSS':>10}{'x ckpt':>8}{'batch 1':>10}{'x bf16':>8}{'GB/s':>7}{'copy %':>8}"
           f"{n:>6} conc{'x bf16':>8}{'GB/s':>7}{'copy %':>8}")
