@@ -7,7 +7,7 @@
 the Python function calls (cProfile, counted over 3 steps), the torch operations dispatched
 (`TorchDispatchMode`, every aten call including views, over 2 steps), the wall and thread-CPU
 milliseconds (median and fastest of --steps steps, no profiler attached), and over --steps more steps
-the milliseconds inside the expert kernels and dense matmuls and outside them (the step's fixed work). The two counts do not
+the milliseconds inside the expert kernels, inside the dense matmuls and outside both (the step's fixed work). The two counts do not
 depend on the machine's load, so they compare commits on a shared machine where the timings cannot;
 --top N also lists the N most frequent of each.
 """
@@ -66,46 +66,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ns
 
 
-def outside_the_gemms(engine, steps: int) -> tuple[float, float, float]:
+def outside_the_gemms(engine, steps: int) -> tuple[float, float, float, float]:
     """Runs `steps` decode steps timing the calls into the routed experts (`kernels.moe_mlp.run_compiled`,
     the compiled kernels' call) and the dense matmuls (`moemesh.models.layers.linear`, wherever a
-    loaded module holds it): (median ms per step inside them, median ms per step outside them, least ms
-    outside). "Outside" is the step's fixed CPU work: norms, rope, attention core, routing, Python."""
+    loaded module holds it): median ms per step inside the expert calls, inside the dense matmuls,
+    outside both, and the least ms outside. "Outside" is the step's fixed CPU work: norms, rope,
+    attention core, routing, Python."""
     from moemesh.models import layers
 
     moe_module = sys.modules["kernels.moe_mlp"]
-    inside = [0.0]
+    inside = {"experts": 0.0, "dense": 0.0}
 
-    def timed(fn):
+    def timed(fn, key):
         def call(*args, **kwargs):
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                inside[0] += time.perf_counter() - t
+                inside[key] += time.perf_counter() - t
         return call
 
     linear, run_compiled = layers.linear, moe_module.run_compiled
     holders = [m for m in list(sys.modules.values()) if getattr(m, "linear", None) is linear]
     for m in holders:
-        m.linear = timed(linear)
-    moe_module.run_compiled = timed(run_compiled)
-    ins, outs = [], []
+        m.linear = timed(linear, "dense")
+    moe_module.run_compiled = timed(run_compiled, "experts")
+    experts, dense, outs = [], [], []
     try:
         for _ in range(steps):
-            inside[0] = 0.0
+            inside.update(experts=0.0, dense=0.0)
             t = time.perf_counter()
             engine.step()
             total = time.perf_counter() - t
-            ins.append(inside[0])
-            outs.append(total - inside[0])
+            experts.append(inside["experts"])
+            dense.append(inside["dense"])
+            outs.append(total - inside["experts"] - inside["dense"])
     finally:
         for m in holders:
             m.linear = linear
         moe_module.run_compiled = run_compiled
-    ins.sort()
-    outs.sort()
-    return 1000 * ins[len(ins) // 2], 1000 * outs[len(outs) // 2], 1000 * outs[0]
+    median = lambda v: 1000 * sorted(v)[len(v) // 2]  # noqa: E731
+    return median(experts), median(dense), median(outs), 1000 * min(outs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per decode step: {sum(calls.values()):.0f} Python calls, {sum(ops.counts.values()) / COUNTED_STEPS:.0f} torch ops; "
           f"wall ms median {1000 * wall[len(wall) // 2]:.2f} (fastest {1000 * wall[0]:.2f}), "
           f"thread CPU ms median {1000 * cpu[len(cpu) // 2]:.2f} (fastest {1000 * cpu[0]:.2f}) over {ns.steps} steps")
-    print(f"in the expert kernels and dense linears ms median {split[0]:.2f}; outside them ms median {split[1]:.2f} "
-          f"(least {split[2]:.2f}) over {ns.steps} more steps")
+    print(f"in the expert kernels ms median {split[0]:.2f}, in the dense linears {split[1]:.2f}; outside them ms median "
+          f"{split[2]:.2f} (least {split[3]:.2f}) over {ns.steps} more steps")
     if ns.top:
         print("most frequent Python calls per step:")
         for name, n in sorted(calls.items(), key=lambda kv: -kv[1])[: ns.top]:
