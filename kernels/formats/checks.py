@@ -33,7 +33,12 @@ def check_dense_weight(w: Tensor, name: str = "w") -> Tensor:
 
 def check_finite(amax: Tensor, name: str = "w") -> None:
     """amax: maxima of |w| over blocks (NaN or inf where a block holds one) -> ValueError unless all finite."""
-    if not bool(torch.isfinite(amax).all()):
+    require_finite(bool(torch.isfinite(amax).all()), name)
+
+
+def require_finite(finite: bool, name: str = "w") -> None:
+    """The ValueError of a weight that holds NaN or inf, unless `finite` (as a compiled quantizer reports it)."""
+    if not finite:
         raise ValueError(f"{name}: contains NaN or inf; quantized formats only hold finite weights")
 
 

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import check_dense_weight, check_dtype, check_finite, check_segments, check_shape, expert_rows, row_chunks
+from kernels.cpu import quantize_cpu
+from kernels.formats.checks import (
+    check_dense_weight, check_dtype, check_finite, check_segments, check_shape, expert_rows, require_finite, row_chunks,
+)
 from kernels.formats.lookup import keyed_index, lookup
 
 FP8_MAX = 448.0
@@ -129,13 +132,21 @@ def _quantize_segment(w: Tensor, block: tuple[int, int], scale_fmt: str | None) 
 def quantize_fp8_block(
     w: Tensor, block: tuple[int, int] = DEFAULT_BLOCK, segments: int = 1, scale_fmt: str | None = None
 ) -> FP8BlockExperts:
-    """w [E, N, K] or [N, K] float (finite) -> FP8BlockExperts; each of the S row segments is blocked apart."""
+    """w [E, N, K] or [N, K] float (finite) -> FP8BlockExperts; each of the S row segments is blocked apart.
+    On the CPU (scale_fmt None) the compiled quantizer writes the same bytes and scales
+    (kernels.cpu.quantize_cpu); otherwise the torch code below, in slabs of block rows."""
     w = check_dense_weight(w)
     if len(block) != 2 or min(block) < 1:
         raise ValueError(f"block: expected two positive ints, got {block!r}")
     if scale_fmt not in SCALE_FORMATS:
         raise ValueError(f"scale_fmt: must be one of {SCALE_FORMATS}, got {scale_fmt!r}")
     seg_rows = check_segments(w.shape[1], segments)
+    # ue8m0 rounds the scale up by torch's log2, which the compiled code does not reproduce bit for bit
+    compiled = quantize_cpu.quantize_fp8_block(w, tuple(block), segments) if scale_fmt is None else None
+    if compiled is not None:
+        q, scale, finite = compiled
+        require_finite(finite)
+        return FP8BlockExperts(q, scale, tuple(block), segments)
     parts = [_quantize_segment(w[:, i * seg_rows : (i + 1) * seg_rows], tuple(block), scale_fmt) for i in range(segments)]
     return FP8BlockExperts(
         torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1), tuple(block), segments

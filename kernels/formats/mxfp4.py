@@ -15,7 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kernels.formats.checks import abs_max, check_dense_weight, check_dtype, check_finite, check_segments, expert_rows, pad_last, row_chunks
+from kernels.cpu import quantize_cpu
+from kernels.formats.checks import (
+    abs_max, check_dense_weight, check_dtype, check_finite, check_segments, expert_rows, pad_last, require_finite, row_chunks,
+)
 from kernels.formats.e2m1 import e2m1_pair_table, encode_packed_e2m1
 from kernels.formats.lookup import byte_span, keyed_index, lookup
 
@@ -100,12 +103,19 @@ def exact_pow2(n: Tensor) -> Tensor:
 
 
 def quantize_mxfp4(w: Tensor, segments: int = 1) -> MXFP4Experts:
-    """w [E, N, K] or [N, K] float (finite) -> MXFP4Experts (FLOOR scales). Rows are quantized in
-    cache-sized slabs: block maxima, scale exponents, elements times 2^-exponent, encoded and packed."""
+    """w [E, N, K] or [N, K] float (finite) -> MXFP4Experts (FLOOR scales). On the CPU the compiled
+    quantizer writes the same bytes in one pass per row (kernels.cpu.quantize_cpu); otherwise rows are
+    quantized in cache-sized slabs: block maxima, scale exponents, elements times 2^-exponent, encoded
+    and packed."""
     w = check_dense_weight(w)
     check_segments(w.shape[1], segments)
     e, n, k = w.shape
     kb = -(-k // BLOCK)
+    compiled = quantize_cpu.quantize_mxfp4(w)
+    if compiled is not None:
+        blocks, scales, finite = compiled
+        require_finite(finite)
+        return MXFP4Experts(blocks.view(e, n, kb, BLOCK // 2), scales.view(e, n, kb), k, segments)
     rows = w.reshape(e * n, k)  # [R, K], a view where w is contiguous
     blocks = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)
     scales = torch.empty(e * n, kb, dtype=torch.uint8, device=w.device)

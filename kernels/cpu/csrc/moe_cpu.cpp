@@ -354,6 +354,7 @@ std::vector<std::string> variants() {
 bool supports_variant(const std::string& variant) { return supports(variant); }
 
 void bind_step_ops(pybind11::module_& m);  // step_ops.cpp
+void bind_quantize(pybind11::module_& m);  // quantize_cpu.cpp
 }  // namespace moemesh_cpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -366,4 +367,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &moemesh_cpu::linear, "x @ W.T for one matrix W in any stored format, as float32",
         py::call_guard<py::gil_scoped_release>());
   moemesh_cpu::bind_step_ops(m);
+  moemesh_cpu::bind_quantize(m);
 }
