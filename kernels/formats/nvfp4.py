@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kernels.cpu import quantize_cpu
 from kernels.formats.checks import (
-    abs_max, check_dense_weight, check_dtype, check_finite, check_segments, check_shape, expert_rows, pad_last, row_chunks,
+    abs_max, check_dense_weight, check_dtype, check_finite, check_segments, check_shape, expert_rows, pad_last,
+    require_finite, row_chunks,
 )
 from kernels.formats.e2m1 import E2M1_MAX, e2m1_pair_table, encode_packed_e2m1
 from kernels.formats.lookup import byte_span, keyed_index, lookup
@@ -120,28 +122,36 @@ class NVFP4Experts:
 
 def quantize_nvfp4(w: Tensor, segments: int = 1) -> NVFP4Experts:
     """w [E, N, K] or [N, K] float (finite) -> NVFP4Experts; each segment gets its own weight_scale_2.
-    Two passes over cache-sized slabs of rows: block maxima (from which the scales follow), then the
-    elements times their reciprocal scale, encoded and packed."""
+    Two passes over the rows: block maxima (from which the scales follow), then the elements times
+    their reciprocal scale, encoded and packed; each pass compiled on the CPU (kernels.cpu.quantize_cpu,
+    the same bytes), else in torch over cache-sized slabs of rows."""
     w = check_dense_weight(w)
     seg_rows = check_segments(w.shape[1], segments)
     e, n, k = w.shape
     kb = -(-k // BLOCK)
     rows = w.reshape(e * n, k)  # [R, K], a view where w is contiguous
     chunks = row_chunks(e * n, kb * BLOCK)
-    bmax = torch.empty(e * n, kb, dtype=torch.float32, device=w.device)  # [R, KB]
-    for part in chunks:
-        bmax[part] = abs_max(pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK))
-    check_finite(bmax)
+    compiled = quantize_cpu.block_absmax(w, BLOCK)
+    if compiled is not None:
+        bmax, finite = compiled  # [R, KB]
+        require_finite(finite)
+    else:
+        bmax = torch.empty(e * n, kb, dtype=torch.float32, device=w.device)  # [R, KB]
+        for part in chunks:
+            bmax[part] = abs_max(pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK))
+        check_finite(bmax)
     bmax = bmax.view(e, segments, seg_rows, kb)  # [E, S, n, KB]
     amax = bmax.amax(dim=(2, 3))  # [E, S]
     scale_2 = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX), torch.ones_like(amax))  # [E, S]
     scaled = ((bmax / E2M1_MAX) / scale_2[..., None, None]).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
     scale_e4m3 = torch.where(scaled > 0, scaled, torch.ones_like(scaled)).to(torch.float8_e4m3fn)  # [E, S, n, KB]
     reciprocal = ((1.0 / scale_2)[..., None, None] / scale_e4m3.float()).reshape(e * n, kb)  # [R, KB]
-    packed = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)  # [R, KB, 8]
-    for part in chunks:
-        x = pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK)  # [r, KB, 16]
-        packed[part] = encode_packed_e2m1(x * reciprocal[part].unsqueeze(-1))
+    packed = quantize_cpu.e2m1_encode(w, BLOCK, reciprocal)  # [R, KB, 8]
+    if packed is None:
+        packed = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)  # [R, KB, 8]
+        for part in chunks:
+            x = pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK)  # [r, KB, 16]
+            packed[part] = encode_packed_e2m1(x * reciprocal[part].unsqueeze(-1))
     return NVFP4Experts(packed.view(e, n, kb * BLOCK // 2), scale_e4m3.view(e, n, kb), scale_2, k, segments)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from kernels.cpu import quantize_cpu
 from kernels.cpu.variant import VARIANT_ENV, available_variants
-from kernels.formats import quantize_fp8_block, quantize_mxfp4
+from kernels.formats import quantize_fp8_block, quantize_mxfp4, quantize_nvfp4
 
 DTYPES = [torch.float32, torch.bfloat16]
 # [E, N, K] (or [N, K]): K a multiple of the blocks, K with a partial last block, K below one block,
@@ -59,6 +59,8 @@ def test_compiled_path_runs_for_cpu_float_weights():
     w = torch.randn(2, 4, 64)
     assert quantize_cpu.quantize_mxfp4(w) is not None
     assert quantize_cpu.quantize_fp8_block(w.bfloat16(), (128, 128), 1) is not None
+    assert quantize_cpu.block_absmax(w, 16) is not None
+    assert quantize_cpu.e2m1_encode(w, 16, torch.ones(8, 4)) is not None
     assert quantize_cpu.quantize_mxfp4(w.half()) is None  # float16: the torch path
     assert quantize_cpu.quantize_mxfp4(w.transpose(1, 2)) is None  # K not contiguous
 
@@ -97,7 +99,7 @@ def test_mxfp4_segments_and_strided_rows(dtype, monkeypatch):
     assert torch.equal(got.blocks, want.blocks) and torch.equal(got.scales, want.scales)
 
 
-@pytest.mark.parametrize("quantize", [quantize_mxfp4, quantize_fp8_block])
+@pytest.mark.parametrize("quantize", [quantize_mxfp4, quantize_fp8_block, quantize_nvfp4])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_refuses_non_finite_with_the_same_error(quantize, bad, dtype, monkeypatch):
@@ -143,3 +145,27 @@ def test_fp8_ue8m0_scales_keep_the_torch_path(monkeypatch):
     w = spread((2, 64, 64), torch.float32, 7, -10, 10)
     want, got = both(quantize_fp8_block, w, monkeypatch, scale_fmt="ue8m0")
     assert torch.equal(got.scale, want.scale) and torch.equal(got.weight.view(torch.uint8), want.weight.view(torch.uint8))
+
+
+def same_nvfp4(want, got):
+    assert torch.equal(got.weight_scale_2, want.weight_scale_2)
+    assert torch.equal(got.weight_scale.view(torch.uint8), want.weight_scale.view(torch.uint8))
+    assert torch.equal(got.weight, want.weight)
+    assert got.k == want.k and got.segments == want.segments
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_nvfp4_same_bytes_as_torch(shape, dtype, monkeypatch):
+    # per-tensor scales: magnitudes spread over rows within a tensor, whose range e4m3 block scales
+    # partly cannot hold (blocks that round to zero), and ties at the scales the blocks get
+    for w in [spread(shape, dtype, 8, -30, 30), spread(shape, dtype, 9, -3, 3), ties(shape, dtype, 10), torch.zeros(shape, dtype=dtype)]:
+        same_nvfp4(*both(quantize_nvfp4, w, monkeypatch))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nvfp4_segments_and_strided_rows(dtype, monkeypatch):
+    w = spread((3, 2 * 20, 72), dtype, 11, -8, 8)
+    w[1, :20] = 0.0  # an all-zero segment: weight_scale_2 1
+    same_nvfp4(*both(quantize_nvfp4, w, monkeypatch, segments=2))
+    same_nvfp4(*both(quantize_nvfp4, w[:, ::3], monkeypatch))
