@@ -51,15 +51,15 @@ def block_absmax(w: Tensor, block: int) -> tuple[Tensor, bool] | None:
     return out, bool(ext.block_absmax(w, block, out))
 
 
-def e2m1_encode(w: Tensor, block: int, mult: Tensor) -> Tensor | None:
-    """w [E, N, K], mult [R, KB] float32 -> [R, KB, block/2] uint8: each element times its block's
-    multiplier, E2M1 encoded (kernels.formats.e2m1.encode_e2m1) and packed, zero past K."""
+def e2m1_encode16(w: Tensor, mult: Tensor) -> Tensor | None:
+    """w [E, N, K], mult [R, KB] float32 (blocks of 16, NVFP4's) -> [R, KB, 8] uint8: each element
+    times its block's multiplier, E2M1 encoded (kernels.formats.e2m1.encode_e2m1) and packed, zero past K."""
     ext = _ext_for(w)
     if ext is None or mult.dtype != torch.float32 or mult.device.type != "cpu":
         return None
     e, n, k = w.shape
-    out = torch.empty(e * n, -(-k // block), block // 2, dtype=torch.uint8)
-    ext.e2m1_encode(w, block, mult.contiguous(), out)
+    out = torch.empty(e * n, -(-k // 16), 8, dtype=torch.uint8)
+    ext.e2m1_encode16(w, mult.contiguous(), out)
     return out
 
 

@@ -146,7 +146,7 @@ def quantize_nvfp4(w: Tensor, segments: int = 1) -> NVFP4Experts:
     scaled = ((bmax / E2M1_MAX) / scale_2[..., None, None]).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
     scale_e4m3 = torch.where(scaled > 0, scaled, torch.ones_like(scaled)).to(torch.float8_e4m3fn)  # [E, S, n, KB]
     reciprocal = ((1.0 / scale_2)[..., None, None] / scale_e4m3.float()).reshape(e * n, kb)  # [R, KB]
-    packed = quantize_cpu.e2m1_encode(w, BLOCK, reciprocal)  # [R, KB, 8]
+    packed = quantize_cpu.e2m1_encode16(w, reciprocal)  # [R, KB, 8]
     if packed is None:
         packed = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)  # [R, KB, 8]
         for part in chunks:

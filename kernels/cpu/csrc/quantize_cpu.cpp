@@ -13,7 +13,9 @@
 //          elements w / scale, clamped to +-448, converted to e4m3fn by c10's rounding (half to even).
 // Inputs are float32 or bfloat16 [E, N, K] with unit stride along K (any row strides). Non-finite
 // values are reported (the return value), not thrown: the Python caller raises its own ValueError.
-// Rows are split over torch's threads with at::parallel_for; the GIL is released while they run.
+// Rows are split over torch's threads with at::parallel_for; the GIL is released while they run. The
+// row loops are compiled for AVX-512, AVX2 and the x86-64 baseline and chosen at load time by the CPU
+// (GCC function multi-versioning, as step_ops.cpp's), so the compiler vectorizes them for the CPU.
 //
 // Shape legend: E experts, N rows per expert, R = E*N rows, K row length (logical), KB blocks per
 // row, S row segments, NB block rows per segment (FP8), BN x BK the FP8 block.
@@ -28,33 +30,44 @@
 #include <cstring>
 #include <vector>
 
+#include "api.h"
+
 namespace moemesh_cpu {
 namespace {
+
+#ifdef MOEMESH_X86_KERNELS
+#define QUANT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define QUANT_CLONES
+#endif
+// the helpers are inlined into each clone, so that they are compiled for its instruction set
+#define QUANT_INLINE inline __attribute__((always_inline))
 
 constexpr uint32_t ABS_MASK = 0x7FFFFFFFu;
 constexpr uint32_t INF_BITS = 0x7F800000u;  // |x| bits at or above: inf or NaN
 constexpr uint32_t MIN_NORMAL_BITS = 0x00800000u;
 constexpr int64_t MX_BLOCK = 32;
+constexpr int64_t NV_BLOCK = 16;
 constexpr int E8M0_BIAS = 127;
 constexpr float FP8_MAX = 448.0f;
 
-inline uint32_t bits_of(float v) {
+QUANT_INLINE uint32_t bits_of(float v) {
   uint32_t b;
   std::memcpy(&b, &v, 4);
   return b;
 }
-inline float float_of(uint32_t b) {
+QUANT_INLINE float float_of(uint32_t b) {
   float v;
   std::memcpy(&v, &b, 4);
   return v;
 }
-inline float load(const float* x, int64_t i) { return x[i]; }
-inline float load(const c10::BFloat16* x, int64_t i) { return float_of(uint32_t(x[i].x) << 16); }
+QUANT_INLINE float load(const float* x, int64_t i) { return x[i]; }
+QUANT_INLINE float load(const c10::BFloat16* x, int64_t i) { return float_of(uint32_t(x[i].x) << 16); }
 
 // The largest |x| bits over x[a, b): the bits of max |x| where all are finite (|x| bits order as the
 // values do), INF_BITS or more where one is inf or NaN. Elements past the row's end count as zero.
 template <typename T>
-inline uint32_t abs_max_bits(const T* x, int64_t a, int64_t b) {
+QUANT_INLINE uint32_t abs_max_bits(const T* x, int64_t a, int64_t b) {
   uint32_t m = 0;
   for (int64_t i = a; i < b; ++i) m = std::max(m, bits_of(load(x, i)) & ABS_MASK);
   return m;
@@ -63,7 +76,7 @@ inline uint32_t abs_max_bits(const T* x, int64_t a, int64_t b) {
 // e2m1.py encode_e2m1: |v| clamped to 6; from 1 up the float32 mantissa rounded to its top bit (half
 // to even) gives the code from the exponent and that bit; below 1, adding 2^22 (ulp 0.5) rounds half
 // to even to a multiple of 0.5. The sign bit is v's (so -0 and negatives rounding to 0 give code 8).
-inline uint32_t e2m1_code(float v) {
+QUANT_INLINE uint32_t e2m1_code(float v) {
   const uint32_t vb = bits_of(v);
   const float mag = std::min(float_of(vb & ABS_MASK), 6.0f);
   const uint32_t mb = bits_of(mag);
@@ -72,21 +85,25 @@ inline uint32_t e2m1_code(float v) {
   return (mag < 1.0f ? small : normal) | ((vb >> 28) & 8u);
 }
 
-// x[a, a + block) times mult, E2M1 encoded and packed into block / 2 bytes (zero past k).
-template <typename T>
-inline void encode_block(const T* x, int64_t a, int64_t block, int64_t k, float mult, uint8_t* out) {
-  float v[MX_BLOCK];
-  const int64_t n = std::min(block, k - a);
-  for (int64_t i = 0; i < n; ++i) v[i] = load(x, a + i) * mult;
-  for (int64_t i = n; i < block; ++i) v[i] = 0.0f;  // the zero padding of the torch path
-  for (int64_t j = 0; j < block / 2; ++j) out[j] = uint8_t(e2m1_code(v[2 * j]) | (e2m1_code(v[2 * j + 1]) << 4));
+// x[a, a + B) times mult, E2M1 encoded and packed into B / 2 bytes (zero past k, the torch path's padding).
+template <int64_t B, typename T>
+QUANT_INLINE void encode_block(const T* x, int64_t a, int64_t k, float mult, uint8_t* out) {
+  float v[B];
+  if (a + B <= k) {
+    for (int64_t i = 0; i < B; ++i) v[i] = load(x, a + i) * mult;
+  } else {
+    for (int64_t i = 0; i < B; ++i) v[i] = a + i < k ? load(x, a + i) * mult : 0.0f;
+  }
+  uint32_t c[B];
+  for (int64_t i = 0; i < B; ++i) c[i] = e2m1_code(v[i]);
+  for (int64_t j = 0; j < B / 2; ++j) out[j] = uint8_t(c[2 * j] | (c[2 * j + 1] << 4));
 }
 
 // c10's float -> float8_e4m3fn rounding (half to even) for |v| <= 448, where it never saturates:
 // below 2^-6 (e4m3's smallest normal) adding 2^14, whose float32 ulp is 2^-9 (e4m3's subnormal step),
 // rounds to the subnormal code; above, the float32 bits rounded at mantissa bit 20 (half to even) and
 // rebiased are the code. Both are computed and one chosen, so the loop has no branch.
-inline uint8_t e4m3_code(float v) {
+QUANT_INLINE uint8_t e4m3_code(float v) {
   const uint32_t vb = bits_of(v);
   const uint32_t sign = vb & 0x80000000u;
   const uint32_t f = vb ^ sign;
@@ -106,6 +123,102 @@ struct RowsOf {
   const T* operator()(int64_t r) const { return base + (r / n) * s0 + (r % n) * s1; }
 };
 
+// Rows [r0, r1) to MXFP4: blocks [R, KB, 16], scales [R, KB]; false where one holds inf or NaN.
+template <typename T>
+QUANT_INLINE bool mxfp4_span_impl(const RowsOf<T>& rows, int64_t k, int64_t r0, int64_t r1, uint8_t* blocks, uint8_t* scales) {
+  const int64_t kb = (k + MX_BLOCK - 1) / MX_BLOCK;
+  bool ok = true;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* x = rows(r);
+    for (int64_t b = 0; b < kb; ++b) {
+      const int64_t a = b * MX_BLOCK;
+      const uint32_t m = abs_max_bits(x, a, std::min(k, a + MX_BLOCK));
+      ok = ok && m < INF_BITS;
+      // floor(log2(amax)) = biased exponent - 127 for a normal amax; zero and subnormal maxima give
+      // an exponent below -127, clamped to it (as mxfp4_scale_exponent)
+      const int exp = m < MIN_NORMAL_BITS ? -E8M0_BIAS : std::max(-E8M0_BIAS, int(m >> 23) - E8M0_BIAS - 2);
+      scales[r * kb + b] = uint8_t(exp + E8M0_BIAS);
+      const float mult = float_of(uint32_t(E8M0_BIAS - exp) << 23);  // 2^-exp, -exp in [-125, 127]: normal
+      encode_block<MX_BLOCK>(x, a, k, mult, blocks + (r * kb + b) * (MX_BLOCK / 2));
+    }
+  }
+  return ok;
+}
+
+// Rows [r0, r1): out [R, KB] float32, max |x| per block of `block`; false where one holds inf or NaN.
+template <typename T>
+QUANT_INLINE bool absmax_span_impl(const RowsOf<T>& rows, int64_t k, int64_t block, int64_t r0, int64_t r1, float* out) {
+  const int64_t kb = (k + block - 1) / block;
+  bool ok = true;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* x = rows(r);
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint32_t m = abs_max_bits(x, b * block, std::min(k, (b + 1) * block));
+      ok = ok && m < INF_BITS;
+      out[r * kb + b] = float_of(m);
+    }
+  }
+  return ok;
+}
+
+// Rows [r0, r1) times mult [R, KB] (blocks of 16) -> out [R, KB, 8] packed E2M1.
+template <typename T>
+QUANT_INLINE void encode16_span_impl(const RowsOf<T>& rows, int64_t k, int64_t r0, int64_t r1, const float* mult, uint8_t* out) {
+  const int64_t kb = (k + NV_BLOCK - 1) / NV_BLOCK;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* x = rows(r);
+    for (int64_t b = 0; b < kb; ++b) encode_block<NV_BLOCK>(x, b * NV_BLOCK, k, mult[r * kb + b], out + (r * kb + b) * (NV_BLOCK / 2));
+  }
+}
+
+// One FP8 block row: rows [first, first + count) of R, blocks of bk columns. m [KB] and s [KB] are
+// scratch; s gets the block scales (scale_out [KB] too), q [R, K] the e4m3 bytes. False on inf or NaN.
+template <typename T>
+QUANT_INLINE bool fp8_block_row_impl(const RowsOf<T>& rows, int64_t k, int64_t bk, int64_t first, int64_t count, uint32_t* m,
+                                     float* s, float* scale_out, uint8_t* q) {
+  const int64_t kb = (k + bk - 1) / bk;
+  std::fill(m, m + kb, 0u);
+  for (int64_t r = first; r < first + count; ++r) {
+    const T* x = rows(r);
+    for (int64_t b = 0; b < kb; ++b) m[b] = std::max(m[b], abs_max_bits(x, b * bk, std::min(k, (b + 1) * bk)));
+  }
+  bool ok = true;
+  for (int64_t b = 0; b < kb; ++b) {
+    ok = ok && m[b] < INF_BITS;
+    s[b] = m[b] > 0 ? float_of(m[b]) / FP8_MAX : 1.0f;  // amax / 448; 1 for an all-zero block
+    scale_out[b] = s[b];
+  }
+  for (int64_t r = first; r < first + count; ++r) {
+    const T* x = rows(r);
+    uint8_t* out = q + r * k;
+    for (int64_t b = 0; b < kb; ++b) {
+      const float sb = s[b];
+      const int64_t end = std::min(k, (b + 1) * bk);
+      for (int64_t i = b * bk; i < end; ++i) out[i] = e4m3_code(std::min(std::max(load(x, i) / sb, -FP8_MAX), FP8_MAX));
+    }
+  }
+  return ok;
+}
+
+// The multi-versioned entry points, one overload per input type (GCC clones plain functions, not templates).
+#define QUANT_SPANS(T)                                                                                         \
+  QUANT_CLONES bool mxfp4_span(const RowsOf<T>& rows, int64_t k, int64_t r0, int64_t r1, uint8_t* b, uint8_t* s) { \
+    return mxfp4_span_impl(rows, k, r0, r1, b, s);                                                             \
+  }                                                                                                            \
+  QUANT_CLONES bool absmax_span(const RowsOf<T>& rows, int64_t k, int64_t block, int64_t r0, int64_t r1, float* o) { \
+    return absmax_span_impl(rows, k, block, r0, r1, o);                                                        \
+  }                                                                                                            \
+  QUANT_CLONES void encode16_span(const RowsOf<T>& rows, int64_t k, int64_t r0, int64_t r1, const float* mult, uint8_t* o) { \
+    encode16_span_impl(rows, k, r0, r1, mult, o);                                                              \
+  }                                                                                                            \
+  QUANT_CLONES bool fp8_block_row(const RowsOf<T>& rows, int64_t k, int64_t bk, int64_t first, int64_t count, uint32_t* m, \
+                                  float* s, float* scale_out, uint8_t* q) {                                    \
+    return fp8_block_row_impl(rows, k, bk, first, count, m, s, scale_out, q);                                  \
+  }
+QUANT_SPANS(float)
+QUANT_SPANS(c10::BFloat16)
+#undef QUANT_SPANS
+
 void check_weight(const at::Tensor& w) {
   TORCH_CHECK(w.device().is_cpu() && w.dim() == 3 && w.numel() > 0, "w: expected a non-empty CPU [E, N, K] tensor");
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "w: expected float32 or bfloat16");
@@ -120,28 +233,13 @@ void check_out(const at::Tensor& t, at::ScalarType dtype, int64_t numel, const c
 // Rows per parallel work item: about 64K elements, so a thread's share is whole cache-sized pieces.
 int64_t grain_rows(int64_t k) { return std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, k)); }
 
-template <typename T>
-bool mxfp4_rows(const at::Tensor& w, uint8_t* blocks, uint8_t* scales) {
+// Runs fn(rows, r0, r1) -> bool over all rows of w in parallel; true unless one call returned false.
+template <typename T, typename Fn>
+bool over_rows(const at::Tensor& w, Fn fn) {
   const RowsOf<T> rows(w);
-  const int64_t k = w.size(2), kb = (k + MX_BLOCK - 1) / MX_BLOCK, r_all = w.size(0) * w.size(1);
   std::atomic<bool> finite{true};
-  at::parallel_for(0, r_all, grain_rows(k), [&](int64_t r0, int64_t r1) {
-    bool ok = true;
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* x = rows(r);
-      for (int64_t b = 0; b < kb; ++b) {
-        const int64_t a = b * MX_BLOCK;
-        const uint32_t m = abs_max_bits(x, a, std::min(k, a + MX_BLOCK));
-        ok = ok && m < INF_BITS;
-        // floor(log2(amax)) = biased exponent - 127 for a normal amax; zero and subnormal maxima
-        // give an exponent below -127, clamped to it (as mxfp4_scale_exponent)
-        const int exp = m < MIN_NORMAL_BITS ? -E8M0_BIAS : std::max(-E8M0_BIAS, int(m >> 23) - E8M0_BIAS - 2);
-        scales[r * kb + b] = uint8_t(exp + E8M0_BIAS);
-        const float mult = float_of(uint32_t(E8M0_BIAS - exp) << 23);  // 2^-exp, -exp in [-125, 127]: normal
-        encode_block(x, a, MX_BLOCK, k, mult, blocks + (r * kb + b) * (MX_BLOCK / 2));
-      }
-    }
-    if (!ok) finite = false;
+  at::parallel_for(0, w.size(0) * w.size(1), grain_rows(w.size(2)), [&](int64_t r0, int64_t r1) {
+    if (!fn(rows, r0, r1)) finite = false;
   });
   return finite;
 }
@@ -149,32 +247,13 @@ bool mxfp4_rows(const at::Tensor& w, uint8_t* blocks, uint8_t* scales) {
 // w [E, N, K] -> blocks [R, KB, 16] uint8, scales [R, KB] uint8 (written); false where w holds inf or NaN.
 bool quantize_mxfp4(const at::Tensor& w, at::Tensor& blocks, at::Tensor& scales) {
   check_weight(w);
-  const int64_t r_all = w.size(0) * w.size(1), kb = (w.size(2) + MX_BLOCK - 1) / MX_BLOCK;
+  const int64_t r_all = w.size(0) * w.size(1), k = w.size(2), kb = (k + MX_BLOCK - 1) / MX_BLOCK;
   check_out(blocks, at::kByte, r_all * kb * (MX_BLOCK / 2), "blocks");
   check_out(scales, at::kByte, r_all * kb, "scales");
   auto* b = blocks.data_ptr<uint8_t>();
   auto* s = scales.data_ptr<uint8_t>();
-  return w.scalar_type() == at::kFloat ? mxfp4_rows<float>(w, b, s) : mxfp4_rows<c10::BFloat16>(w, b, s);
-}
-
-template <typename T>
-bool absmax_rows(const at::Tensor& w, int64_t block, float* out) {
-  const RowsOf<T> rows(w);
-  const int64_t k = w.size(2), kb = (k + block - 1) / block, r_all = w.size(0) * w.size(1);
-  std::atomic<bool> finite{true};
-  at::parallel_for(0, r_all, grain_rows(k), [&](int64_t r0, int64_t r1) {
-    bool ok = true;
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* x = rows(r);
-      for (int64_t b = 0; b < kb; ++b) {
-        const uint32_t m = abs_max_bits(x, b * block, std::min(k, (b + 1) * block));
-        ok = ok && m < INF_BITS;
-        out[r * kb + b] = float_of(m);
-      }
-    }
-    if (!ok) finite = false;
-  });
-  return finite;
+  auto fn = [&](const auto& rows, int64_t r0, int64_t r1) { return mxfp4_span(rows, k, r0, r1, b, s); };
+  return w.scalar_type() == at::kFloat ? over_rows<float>(w, fn) : over_rows<c10::BFloat16>(w, fn);
 }
 
 // w [E, N, K] -> out [R, KB] float32: max |w| over each block of `block` elements along K (written);
@@ -182,38 +261,30 @@ bool absmax_rows(const at::Tensor& w, int64_t block, float* out) {
 bool block_absmax(const at::Tensor& w, int64_t block, at::Tensor& out) {
   check_weight(w);
   TORCH_CHECK(block >= 1, "block: must be positive");
-  const int64_t r_all = w.size(0) * w.size(1), kb = (w.size(2) + block - 1) / block;
+  const int64_t r_all = w.size(0) * w.size(1), k = w.size(2), kb = (k + block - 1) / block;
   check_out(out, at::kFloat, r_all * kb, "out");
   auto* o = out.data_ptr<float>();
-  return w.scalar_type() == at::kFloat ? absmax_rows<float>(w, block, o) : absmax_rows<c10::BFloat16>(w, block, o);
+  auto fn = [&](const auto& rows, int64_t r0, int64_t r1) { return absmax_span(rows, k, block, r0, r1, o); };
+  return w.scalar_type() == at::kFloat ? over_rows<float>(w, fn) : over_rows<c10::BFloat16>(w, fn);
 }
 
-template <typename T>
-void encode_rows(const at::Tensor& w, int64_t block, const float* mult, uint8_t* out) {
-  const RowsOf<T> rows(w);
-  const int64_t k = w.size(2), kb = (k + block - 1) / block, r_all = w.size(0) * w.size(1);
-  at::parallel_for(0, r_all, grain_rows(k), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* x = rows(r);
-      for (int64_t b = 0; b < kb; ++b) encode_block(x, b * block, block, k, mult[r * kb + b], out + (r * kb + b) * (block / 2));
-    }
-  });
-}
-
-// w [E, N, K], mult [R, KB] float32 -> out [R, KB, block / 2] uint8: w times its block's multiplier,
-// E2M1 encoded and packed (zero past K). block: an even number up to 32.
-void e2m1_encode(const at::Tensor& w, int64_t block, const at::Tensor& mult, at::Tensor& out) {
+// w [E, N, K], mult [R, KB] float32 (blocks of 16, NVFP4's) -> out [R, KB, 8] uint8: w times its
+// block's multiplier, E2M1 encoded and packed (zero past K).
+void e2m1_encode16(const at::Tensor& w, const at::Tensor& mult, at::Tensor& out) {
   check_weight(w);
-  TORCH_CHECK(block >= 2 && block <= MX_BLOCK && block % 2 == 0, "block: must be an even number up to 32");
-  const int64_t r_all = w.size(0) * w.size(1), kb = (w.size(2) + block - 1) / block;
+  const int64_t r_all = w.size(0) * w.size(1), k = w.size(2), kb = (k + NV_BLOCK - 1) / NV_BLOCK;
   check_out(mult, at::kFloat, r_all * kb, "mult");
-  check_out(out, at::kByte, r_all * kb * (block / 2), "out");
+  check_out(out, at::kByte, r_all * kb * (NV_BLOCK / 2), "out");
   const float* m = mult.data_ptr<float>();
   auto* o = out.data_ptr<uint8_t>();
+  auto fn = [&](const auto& rows, int64_t r0, int64_t r1) {
+    encode16_span(rows, k, r0, r1, m, o);
+    return true;
+  };
   if (w.scalar_type() == at::kFloat)
-    encode_rows<float>(w, block, m, o);
+    over_rows<float>(w, fn);
   else
-    encode_rows<c10::BFloat16>(w, block, m, o);
+    over_rows<c10::BFloat16>(w, fn);
 }
 
 template <typename T>
@@ -230,26 +301,8 @@ bool fp8_rows(const at::Tensor& w, int64_t segments, int64_t bn, int64_t bk, uin
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t e = item / (segments * nb), seg = item / nb % segments, rb = item % nb;
       const int64_t first = e * n + seg * seg_rows + rb * bn;  // row index in [R]
-      const int64_t count = std::min(bn, seg_rows - rb * bn);
-      std::fill(m.begin(), m.end(), 0u);
-      for (int64_t r = first; r < first + count; ++r) {
-        const T* x = rows(r);
-        for (int64_t b = 0; b < kb; ++b) m[b] = std::max(m[b], abs_max_bits(x, b * bk, std::min(k, (b + 1) * bk)));
-      }
-      for (int64_t b = 0; b < kb; ++b) {
-        ok = ok && m[b] < INF_BITS;
-        s[b] = m[b] > 0 ? float_of(m[b]) / FP8_MAX : 1.0f;
-        scale[(e * segments * nb + seg * nb + rb) * kb + b] = s[b];
-      }
-      for (int64_t r = first; r < first + count; ++r) {
-        const T* x = rows(r);
-        uint8_t* out = q + r * k;
-        for (int64_t b = 0; b < kb; ++b) {
-          const float sb = s[b];
-          for (int64_t i = b * bk; i < std::min(k, (b + 1) * bk); ++i)
-            out[i] = e4m3_code(std::min(std::max(load(x, i) / sb, -FP8_MAX), FP8_MAX));
-        }
-      }
+      // scale [E, S * NB, KB]: row (e * S + seg) * NB + rb, which is `item`
+      ok = fp8_block_row(rows, k, bk, first, std::min(bn, seg_rows - rb * bn), m.data(), s.data(), scale + item * kb, q) && ok;
     }
     if (!ok) finite = false;
   });
@@ -279,7 +332,7 @@ void bind_quantize(pybind11::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("block_absmax", &block_absmax, "w [E, N, K] -> max |w| per block along K [R, KB] (written); false on inf/NaN",
         py::call_guard<py::gil_scoped_release>());
-  m.def("e2m1_encode", &e2m1_encode, "w [E, N, K] times mult [R, KB] -> packed E2M1 [R, KB, block / 2] (written)",
+  m.def("e2m1_encode16", &e2m1_encode16, "w [E, N, K] times mult [R, KB] (blocks of 16) -> packed E2M1 [R, KB, 8] (written)",
         py::call_guard<py::gil_scoped_release>());
   m.def("quantize_fp8_block", &quantize_fp8_block,
         "w [E, N, K] -> e4m3 bytes [E, N, K] and float32 scales [E, S * NB, KB] (written); false on inf/NaN",

@@ -60,7 +60,7 @@ def test_compiled_path_runs_for_cpu_float_weights():
     assert quantize_cpu.quantize_mxfp4(w) is not None
     assert quantize_cpu.quantize_fp8_block(w.bfloat16(), (128, 128), 1) is not None
     assert quantize_cpu.block_absmax(w, 16) is not None
-    assert quantize_cpu.e2m1_encode(w, 16, torch.ones(8, 4)) is not None
+    assert quantize_cpu.e2m1_encode16(w, torch.ones(8, 4)) is not None
     assert quantize_cpu.quantize_mxfp4(w.half()) is None  # float16: the torch path
     assert quantize_cpu.quantize_mxfp4(w.transpose(1, 2)) is None  # K not contiguous
 
