@@ -102,7 +102,7 @@ QUANT_INLINE void encode_block(const T* x, int64_t a, int64_t k, float mult, uin
 // c10's float -> float8_e4m3fn rounding (half to even) for |v| <= 448, where it never saturates:
 // below 2^-6 (e4m3's smallest normal) adding 2^14, whose float32 ulp is 2^-9 (e4m3's subnormal step),
 // rounds to the subnormal code; above, the float32 bits rounded at mantissa bit 20 (half to even) and
-// rebiased are the code. Both are computed and one chosen, so the loop has no branch.
+// rebiased are the code. Both are computed and one chosen by a mask.
 QUANT_INLINE uint8_t e4m3_code(float v) {
   const uint32_t vb = bits_of(v);
   const uint32_t sign = vb & 0x80000000u;
@@ -110,7 +110,23 @@ QUANT_INLINE uint8_t e4m3_code(float v) {
   constexpr uint32_t denorm_mask = 141u << 23;
   const uint32_t sub = bits_of(float_of(f) + float_of(denorm_mask)) - denorm_mask;
   const uint32_t norm = (f + (uint32_t(7 - 127) << 23) + 0x7FFFFu + ((f >> 20) & 1u)) >> 20;
-  return uint8_t((f < (121u << 23) ? sub : norm) | (sign >> 24));
+  const uint32_t below = 0u - uint32_t(f < (121u << 23));
+  return uint8_t((sub & below) | (norm & ~below) | (sign >> 24));
+}
+
+// e4m3 of v clamped to +-448. The clamp is on |v| with v's sign put back (the same value for finite
+// v, -0 kept): GCC vectorizes this form (not a clamp feeding the float add above directly).
+QUANT_INLINE uint8_t e4m3_clamped_code(float v) {
+  const uint32_t vb = bits_of(v);
+  const uint32_t sign = vb & 0x80000000u;
+  const float mag = std::min(float_of(vb ^ sign), FP8_MAX);
+  return e4m3_code(float_of(bits_of(mag) | sign));
+}
+
+// out[i] = e4m3 of clamp(x[i] / s, +-448) for i < n (x and out never overlap: restrict lets it vectorize)
+template <typename T>
+QUANT_INLINE void e4m3_span(const T* __restrict x, int64_t n, float s, uint8_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = e4m3_clamped_code(load(x, i) / s);
 }
 
 // Row r of w [E, N, K] (unit stride along K).
@@ -194,7 +210,7 @@ QUANT_INLINE bool fp8_block_row_impl(const RowsOf<T>& rows, int64_t k, int64_t b
     for (int64_t b = 0; b < kb; ++b) {
       const float sb = s[b];
       const int64_t end = std::min(k, (b + 1) * bk);
-      for (int64_t i = b * bk; i < end; ++i) out[i] = e4m3_code(std::min(std::max(load(x, i) / sb, -FP8_MAX), FP8_MAX));
+      e4m3_span(x + b * bk, end - b * bk, sb, out + b * bk);
     }
   }
   return ok;
