@@ -292,14 +292,20 @@ struct V {
       for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
   }
 
-  template <int MR = 4>
-  static void fp8_bf16(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
-                       int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr) {
+  // The FP8 tiles for mr activation rows: byte permutes (fp8_vbmi_tile, BYTES) or word permutes
+  // (fp8_bf16_tile), 8 weight rows per tile up to 2 activation rows, else 4.
+  template <bool BYTES, int MR = 4>
+  static void fp8_tiles(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
+                        int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr) {
     if constexpr (MR > 1) {
-      if (mr < MR) return fp8_bf16<MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr);
+      if (mr < MR) return fp8_tiles<BYTES, MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr);
     }
-    if (MR <= 2) return fp8_bf16_tile<MR, 8>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
-    fp8_bf16_tile<MR, 4>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+    constexpr int NR_ = MR <= 2 ? 8 : 4;
+    if constexpr (BYTES) {
+      fp8_vbmi_tile<MR, NR_>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+    } else {
+      fp8_bf16_tile<MR, NR_>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+    }
   }
 
   // FP8 (E4M3) weights with byte permutes (AVX512-VBMI), 64 bytes of a row per step: the magnitude's
@@ -391,16 +397,6 @@ struct V {
     }
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
-  }
-
-  template <int MR = 4>
-  static void fp8_vbmi(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
-                       int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr) {
-    if constexpr (MR > 1) {
-      if (mr < MR) return fp8_vbmi<MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr);
-    }
-    if (MR <= 2) return fp8_vbmi_tile<MR, 8>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
-    fp8_vbmi_tile<MR, 4>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
   }
 
   // 16 bytes of E2M1 pairs, one scale -> even elements (low nibbles) and odd elements (high

@@ -360,10 +360,10 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
   }
 }
 
-// FP8 weights on the variant's bfloat16 dot products (V::fp8_bf16), V::bf16_tile_rows(M) rows at a
+// FP8 weights on the variant's bfloat16 dot products (V::fp8_tiles), V::bf16_tile_rows(M) rows at a
 // time, for up to MR activation rows that hold bfloat16 values; false (nothing done) where the
 // variant has none. With `vbmi` (and block widths a multiple of V::FP8_VBMI_STEP) the tiles decode
-// with byte permutes (V::fp8_vbmi), else word permutes. The activation rows are converted to
+// with byte permutes, else word permutes. The activation rows are converted to
 // bfloat16 once per call, in the layout the chosen tiles read.
 template <class VV = V>
 bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
@@ -394,9 +394,9 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
         rs[j] = r.s;
       }
       if (bytes) {
-        VV::fp8_vbmi(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+        VV::template fp8_tiles<true>(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
       } else {
-        VV::fp8_bf16(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+        VV::template fp8_tiles<false>(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
       }
     }
     std::free(xb);
