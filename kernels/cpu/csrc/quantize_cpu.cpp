@@ -85,14 +85,16 @@ QUANT_INLINE uint32_t e2m1_code(float v) {
   return (mag < 1.0f ? small : normal) | ((vb >> 28) & 8u);
 }
 
-// x[a, a + B) times mult, E2M1 encoded and packed into B / 2 bytes (zero past k, the torch path's padding).
-template <int64_t B, typename T>
-QUANT_INLINE void encode_block(const T* x, int64_t a, int64_t k, float mult, uint8_t* out) {
+// x[a, a + B) times its multiplier (mult[i / SUB] for element a + i: one per block of SUB), E2M1
+// encoded and packed into B / 2 bytes (zero past k, the torch path's padding). NVFP4 encodes two
+// blocks of 16 per call (B 32, SUB 16), so that its loop vectorizes as MXFP4's does.
+template <int64_t B, int64_t SUB, typename T>
+QUANT_INLINE void encode_block(const T* x, int64_t a, int64_t k, const float* mult, uint8_t* out) {
   float v[B];
   if (a + B <= k) {
-    for (int64_t i = 0; i < B; ++i) v[i] = load(x, a + i) * mult;
+    for (int64_t i = 0; i < B; ++i) v[i] = load(x, a + i) * mult[i / SUB];
   } else {
-    for (int64_t i = 0; i < B; ++i) v[i] = a + i < k ? load(x, a + i) * mult : 0.0f;
+    for (int64_t i = 0; i < B; ++i) v[i] = a + i < k ? load(x, a + i) * mult[i / SUB] : 0.0f;
   }
   uint32_t c[B];
   for (int64_t i = 0; i < B; ++i) c[i] = e2m1_code(v[i]);
@@ -155,7 +157,7 @@ QUANT_INLINE bool mxfp4_span_impl(const RowsOf<T>& rows, int64_t k, int64_t r0, 
       const int exp = m < MIN_NORMAL_BITS ? -E8M0_BIAS : std::max(-E8M0_BIAS, int(m >> 23) - E8M0_BIAS - 2);
       scales[r * kb + b] = uint8_t(exp + E8M0_BIAS);
       const float mult = float_of(uint32_t(E8M0_BIAS - exp) << 23);  // 2^-exp, -exp in [-125, 127]: normal
-      encode_block<MX_BLOCK>(x, a, k, mult, blocks + (r * kb + b) * (MX_BLOCK / 2));
+      encode_block<MX_BLOCK, MX_BLOCK>(x, a, k, &mult, blocks + (r * kb + b) * (MX_BLOCK / 2));
     }
   }
   return ok;
@@ -183,7 +185,11 @@ QUANT_INLINE void encode16_span_impl(const RowsOf<T>& rows, int64_t k, int64_t r
   const int64_t kb = (k + NV_BLOCK - 1) / NV_BLOCK;
   for (int64_t r = r0; r < r1; ++r) {
     const T* x = rows(r);
-    for (int64_t b = 0; b < kb; ++b) encode_block<NV_BLOCK>(x, b * NV_BLOCK, k, mult[r * kb + b], out + (r * kb + b) * (NV_BLOCK / 2));
+    const float* m = mult + r * kb;
+    uint8_t* o = out + r * kb * (NV_BLOCK / 2);
+    int64_t b = 0;
+    for (; b + 2 <= kb; b += 2) encode_block<2 * NV_BLOCK, NV_BLOCK>(x, b * NV_BLOCK, k, m + b, o + b * (NV_BLOCK / 2));
+    if (b < kb) encode_block<NV_BLOCK, NV_BLOCK>(x, b * NV_BLOCK, k, m + b, o + b * (NV_BLOCK / 2));
   }
 }
 
