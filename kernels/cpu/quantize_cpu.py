@@ -51,16 +51,20 @@ def block_absmax(w: Tensor, block: int) -> tuple[Tensor, bool] | None:
     return out, bool(ext.block_absmax(w, block, out))
 
 
-def e2m1_encode16(w: Tensor, mult: Tensor) -> Tensor | None:
-    """w [E, N, K], mult [R, KB] float32 (blocks of 16, NVFP4's) -> [R, KB, 8] uint8: each element
-    times its block's multiplier, E2M1 encoded (kernels.formats.e2m1.encode_e2m1) and packed, zero past K."""
+def nvfp4_encode(w: Tensor, segments: int, bmax: Tensor, scale_2: Tensor) -> tuple[Tensor, Tensor] | None:
+    """w [E, N, K] (S row segments), bmax [R, KB] float32 (block_absmax(w, 16)), scale_2 [E, S] float32 ->
+    (packed [R, KB, 8] uint8, weight_scale [R, KB] float8_e4m3fn): per block e4m3(min(bmax / 6 / scale_2,
+    448)), 1.0 where that is 0, and the elements times (1 / scale_2) / block scale, E2M1 encoded
+    (kernels.formats.e2m1.encode_e2m1) and packed, as kernels.formats.nvfp4.quantize_nvfp4 computes them."""
     ext = _ext_for(w)
-    if ext is None or mult.dtype != torch.float32 or mult.device.type != "cpu":
+    if ext is None or bmax.dtype != torch.float32 or scale_2.dtype != torch.float32:
         return None
     e, n, k = w.shape
-    out = torch.empty(e * n, -(-k // 16), 8, dtype=torch.uint8)
-    ext.e2m1_encode16(w, mult.contiguous(), out)
-    return out
+    kb = -(-k // 16)
+    packed = torch.empty(e * n, kb, 8, dtype=torch.uint8)
+    scale = torch.empty(e * n, kb, dtype=torch.uint8)
+    ext.nvfp4_encode(w, segments, bmax.contiguous().cpu(), scale_2.contiguous().cpu(), packed, scale)
+    return packed, scale.view(torch.float8_e4m3fn)
 
 
 def quantize_fp8_block(w: Tensor, block: tuple[int, int], segments: int) -> tuple[Tensor, Tensor, bool] | None:

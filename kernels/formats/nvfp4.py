@@ -123,8 +123,9 @@ class NVFP4Experts:
 def quantize_nvfp4(w: Tensor, segments: int = 1) -> NVFP4Experts:
     """w [E, N, K] or [N, K] float (finite) -> NVFP4Experts; each segment gets its own weight_scale_2.
     Two passes over the rows: block maxima (from which the scales follow), then the elements times
-    their reciprocal scale, encoded and packed; each pass compiled on the CPU (kernels.cpu.quantize_cpu,
-    the same bytes), else in torch over cache-sized slabs of rows."""
+    their reciprocal scale, encoded and packed. On the CPU both passes are compiled, the block scales
+    computed in the second (kernels.cpu.quantize_cpu, the same bytes); else torch over cache-sized
+    slabs of rows."""
     w = check_dense_weight(w)
     seg_rows = check_segments(w.shape[1], segments)
     e, n, k = w.shape
@@ -140,18 +141,21 @@ def quantize_nvfp4(w: Tensor, segments: int = 1) -> NVFP4Experts:
         for part in chunks:
             bmax[part] = abs_max(pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK))
         check_finite(bmax)
-    bmax = bmax.view(e, segments, seg_rows, kb)  # [E, S, n, KB]
-    amax = bmax.amax(dim=(2, 3))  # [E, S]
+    amax = bmax.view(e, segments, seg_rows * kb).amax(dim=-1)  # [E, S]
     scale_2 = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX), torch.ones_like(amax))  # [E, S]
+    # the block scales and elements in one compiled pass per row
+    encoded = quantize_cpu.nvfp4_encode(w, segments, bmax, scale_2) if compiled is not None else None
+    if encoded is not None:
+        packed, scale_e4m3 = encoded
+        return NVFP4Experts(packed.view(e, n, kb * BLOCK // 2), scale_e4m3.view(e, n, kb), scale_2, k, segments)
+    bmax = bmax.view(e, segments, seg_rows, kb)  # [E, S, n, KB]
     scaled = ((bmax / E2M1_MAX) / scale_2[..., None, None]).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
     scale_e4m3 = torch.where(scaled > 0, scaled, torch.ones_like(scaled)).to(torch.float8_e4m3fn)  # [E, S, n, KB]
     reciprocal = ((1.0 / scale_2)[..., None, None] / scale_e4m3.float()).reshape(e * n, kb)  # [R, KB]
-    packed = quantize_cpu.e2m1_encode16(w, reciprocal)  # [R, KB, 8]
-    if packed is None:
-        packed = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)  # [R, KB, 8]
-        for part in chunks:
-            x = pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK)  # [r, KB, 16]
-            packed[part] = encode_packed_e2m1(x * reciprocal[part].unsqueeze(-1))
+    packed = torch.empty(e * n, kb, BLOCK // 2, dtype=torch.uint8, device=w.device)  # [R, KB, 8]
+    for part in chunks:
+        x = pad_last(rows[part].float(), BLOCK).view(-1, kb, BLOCK)  # [r, KB, 16]
+        packed[part] = encode_packed_e2m1(x * reciprocal[part].unsqueeze(-1))
     return NVFP4Experts(packed.view(e, n, kb * BLOCK // 2), scale_e4m3.view(e, n, kb), scale_2, k, segments)
 
 

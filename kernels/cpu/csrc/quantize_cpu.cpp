@@ -7,8 +7,9 @@
 //          [-127, 127] (all-zero block: -127, byte 0); elements times exactly 2^-exponent, E2M1
 //          encoded (kernels/formats/e2m1.py: half to even on the code, saturated at 6, sign bit of
 //          the input) and packed two per byte, element 2i in the low nibble.
-//   NVFP4  block maxima over 16 elements (the per-tensor and block scales follow in torch from these
-//          small tensors), then elements times their block's multiplier, E2M1 encoded and packed.
+//   NVFP4  block maxima over 16 elements (the per-tensor scales follow in torch from these), then
+//          per row the e4m3 block scales and each element times (1 / tensor scale) / block scale,
+//          E2M1 encoded and packed.
 //   FP8    per BN x BK block of each row segment: scale = amax / 448 (1 for an all-zero block);
 //          elements w / scale, clamped to +-448, converted to e4m3fn by c10's rounding (half to even).
 // Inputs are float32 or bfloat16 [E, N, K] with unit stride along K (any row strides). Non-finite
@@ -179,17 +180,40 @@ QUANT_INLINE bool absmax_span_impl(const RowsOf<T>& rows, int64_t k, int64_t blo
   return ok;
 }
 
-// Rows [r0, r1) times mult [R, KB] (blocks of 16) -> out [R, KB, 8] packed E2M1.
+// The value of a non-negative, finite e4m3 byte (at most 0x7E): subnormal (exponent field 0) m * 2^-9,
+// else the float32 with the same exponent and mantissa bits. Branch-free, so the scale loop vectorizes.
+QUANT_INLINE float e4m3_value(uint32_t byte) {
+  const uint32_t e = (byte >> 3) & 15u, m = byte & 7u;
+  const float sub = float(m) * 0.001953125f;
+  const float norm = float_of(((e + 120u) << 23) | (m << 20));
+  return e == 0 ? sub : norm;
+}
+
+// Rows [r0, r1) to NVFP4, given the block maxima bmax [R, KB] and the tensor scale of each row's
+// expert and segment (s2 [E, S]): block scale byte e4m3(min(bmax / 6 / s2, 448)), 1.0 (0x38) where
+// that is 0, into scale [R, KB]; elements times (1 / s2) / block scale, E2M1 encoded into out
+// [R, KB, 8], two blocks of 16 per step. The float32 operations are quantize_nvfp4's, in its order.
 template <typename T>
-QUANT_INLINE void encode16_span_impl(const RowsOf<T>& rows, int64_t k, int64_t r0, int64_t r1, const float* mult, uint8_t* out) {
+QUANT_INLINE void nvfp4_span_impl(const RowsOf<T>& rows, int64_t k, int64_t seg_rows, int64_t segments, int64_t r0, int64_t r1,
+                                  const float* bmax, const float* s2, float* mult, uint8_t* scale, uint8_t* out) {
   const int64_t kb = (k + NV_BLOCK - 1) / NV_BLOCK;
   for (int64_t r = r0; r < r1; ++r) {
+    const int64_t e = r / rows.n, seg = (r % rows.n) / seg_rows;
+    const float t = s2[e * segments + seg], inv = 1.0f / t;
+    const float* bm = bmax + r * kb;
+    uint8_t* sc = scale + r * kb;
+    for (int64_t b = 0; b < kb; ++b) {
+      const uint32_t byte = e4m3_clamped_code((bm[b] / 6.0f) / t);
+      const float value = e4m3_value(byte);
+      const bool zero = !(value > 0.0f);
+      sc[b] = uint8_t(zero ? 0x38u : byte);  // 0x38: e4m3 1.0
+      mult[b] = inv / (zero ? 1.0f : value);
+    }
     const T* x = rows(r);
-    const float* m = mult + r * kb;
     uint8_t* o = out + r * kb * (NV_BLOCK / 2);
     int64_t b = 0;
-    for (; b + 2 <= kb; b += 2) encode_block<2 * NV_BLOCK, NV_BLOCK>(x, b * NV_BLOCK, k, m + b, o + b * (NV_BLOCK / 2));
-    if (b < kb) encode_block<NV_BLOCK, NV_BLOCK>(x, b * NV_BLOCK, k, m + b, o + b * (NV_BLOCK / 2));
+    for (; b + 2 <= kb; b += 2) encode_block<2 * NV_BLOCK, NV_BLOCK>(x, b * NV_BLOCK, k, mult + b, o + b * (NV_BLOCK / 2));
+    if (b < kb) encode_block<NV_BLOCK, NV_BLOCK>(x, b * NV_BLOCK, k, mult + b, o + b * (NV_BLOCK / 2));
   }
 }
 
@@ -230,8 +254,9 @@ QUANT_INLINE bool fp8_block_row_impl(const RowsOf<T>& rows, int64_t k, int64_t b
   QUANT_CLONES bool absmax_span(const RowsOf<T>& rows, int64_t k, int64_t block, int64_t r0, int64_t r1, float* o) { \
     return absmax_span_impl(rows, k, block, r0, r1, o);                                                        \
   }                                                                                                            \
-  QUANT_CLONES void encode16_span(const RowsOf<T>& rows, int64_t k, int64_t r0, int64_t r1, const float* mult, uint8_t* o) { \
-    encode16_span_impl(rows, k, r0, r1, mult, o);                                                              \
+  QUANT_CLONES void nvfp4_span(const RowsOf<T>& rows, int64_t k, int64_t seg_rows, int64_t segments, int64_t r0, int64_t r1, \
+                               const float* bmax, const float* s2, float* mult, uint8_t* scale, uint8_t* o) {      \
+    nvfp4_span_impl(rows, k, seg_rows, segments, r0, r1, bmax, s2, mult, scale, o);                            \
   }                                                                                                            \
   QUANT_CLONES bool fp8_block_row(const RowsOf<T>& rows, int64_t k, int64_t bk, int64_t first, int64_t count, uint32_t* m, \
                                   float* s, float* scale_out, uint8_t* q) {                                    \
@@ -290,17 +315,25 @@ bool block_absmax(const at::Tensor& w, int64_t block, at::Tensor& out) {
   return w.scalar_type() == at::kFloat ? over_rows<float>(w, fn) : over_rows<c10::BFloat16>(w, fn);
 }
 
-// w [E, N, K], mult [R, KB] float32 (blocks of 16, NVFP4's) -> out [R, KB, 8] uint8: w times its
-// block's multiplier, E2M1 encoded and packed (zero past K).
-void e2m1_encode16(const at::Tensor& w, const at::Tensor& mult, at::Tensor& out) {
+// w [E, N, K] (S row segments), bmax [R, KB] float32 (block_absmax, blocks of 16), s2 [E, S]
+// float32 tensor scales -> out [R, KB, 8] packed E2M1 and scale [R, KB] e4m3 block scale bytes (written).
+void nvfp4_encode(const at::Tensor& w, int64_t segments, const at::Tensor& bmax, const at::Tensor& s2, at::Tensor& out,
+                  at::Tensor& scale) {
   check_weight(w);
+  TORCH_CHECK(segments >= 1 && w.size(1) % segments == 0, "segments: must divide the row count");
   const int64_t r_all = w.size(0) * w.size(1), k = w.size(2), kb = (k + NV_BLOCK - 1) / NV_BLOCK;
-  check_out(mult, at::kFloat, r_all * kb, "mult");
+  const int64_t seg_rows = w.size(1) / segments;
+  check_out(bmax, at::kFloat, r_all * kb, "bmax");
+  check_out(s2, at::kFloat, w.size(0) * segments, "s2");
   check_out(out, at::kByte, r_all * kb * (NV_BLOCK / 2), "out");
-  const float* m = mult.data_ptr<float>();
+  check_out(scale, at::kByte, r_all * kb, "scale");
+  const float* bm = bmax.data_ptr<float>();
+  const float* t = s2.data_ptr<float>();
   auto* o = out.data_ptr<uint8_t>();
+  auto* sc = scale.data_ptr<uint8_t>();
   auto fn = [&](const auto& rows, int64_t r0, int64_t r1) {
-    encode16_span(rows, k, r0, r1, m, o);
+    std::vector<float> mult(kb);
+    nvfp4_span(rows, k, seg_rows, segments, r0, r1, bm, t, mult.data(), sc, o);
     return true;
   };
   if (w.scalar_type() == at::kFloat)
@@ -354,7 +387,8 @@ void bind_quantize(pybind11::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("block_absmax", &block_absmax, "w [E, N, K] -> max |w| per block along K [R, KB] (written); false on inf/NaN",
         py::call_guard<py::gil_scoped_release>());
-  m.def("e2m1_encode16", &e2m1_encode16, "w [E, N, K] times mult [R, KB] (blocks of 16) -> packed E2M1 [R, KB, 8] (written)",
+  m.def("nvfp4_encode", &nvfp4_encode,
+        "w [E, N, K], block maxima [R, KB], tensor scales [E, S] -> packed E2M1 [R, KB, 8] and e4m3 block scales [R, KB] (written)",
         py::call_guard<py::gil_scoped_release>());
   m.def("quantize_fp8_block", &quantize_fp8_block,
         "w [E, N, K] -> e4m3 bytes [E, N, K] and float32 scales [E, S * NB, KB] (written); false on inf/NaN",

@@ -60,7 +60,7 @@ def test_compiled_path_runs_for_cpu_float_weights():
     assert quantize_cpu.quantize_mxfp4(w) is not None
     assert quantize_cpu.quantize_fp8_block(w.bfloat16(), (128, 128), 1) is not None
     assert quantize_cpu.block_absmax(w, 16) is not None
-    assert quantize_cpu.e2m1_encode16(w, torch.ones(8, 4)) is not None
+    assert quantize_cpu.nvfp4_encode(w, 1, torch.ones(8, 4), torch.ones(2, 1)) is not None
     assert quantize_cpu.quantize_mxfp4(w.half()) is None  # float16: the torch path
     assert quantize_cpu.quantize_mxfp4(w.transpose(1, 2)) is None  # K not contiguous
 
@@ -169,3 +169,17 @@ def test_nvfp4_segments_and_strided_rows(dtype, monkeypatch):
     w[1, :20] = 0.0  # an all-zero segment: weight_scale_2 1
     same_nvfp4(*both(quantize_nvfp4, w, monkeypatch, segments=2))
     same_nvfp4(*both(quantize_nvfp4, w[:, ::3], monkeypatch))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nvfp4_subnormal_and_zero_block_scales(dtype, monkeypatch):
+    """Block scales in e4m3's subnormal range, and ones that round to 0 (stored as 1.0, ModelOpt's rule)."""
+    w = torch.zeros(1, 2, 64)
+    w[0, 0, 0] = 2688.0  # weight_scale_2 1: a block scale is amax / 6
+    w[0, 0, 16] = -6 * 2.0**-8  # block scale 2^-8: e4m3 subnormal, byte 2
+    w[0, 0, 32:48] = torch.linspace(-6 * 2.0**-12, 6 * 2.0**-12, 16)  # block scale 2^-12 rounds to 0: 1.0
+    w[0, 1, 5] = 1.5 * 2.0**-9  # block scale 2^-11, below half the smallest subnormal 2^-9: 1.0 too
+    w = w.to(dtype)
+    want, got = both(quantize_nvfp4, w, monkeypatch)
+    same_nvfp4(want, got)
+    assert got.weight_scale.view(torch.uint8)[0].tolist() == [[0x7E, 0x02, 0x38, 0x38], [0x38, 0x38, 0x38, 0x38]]
