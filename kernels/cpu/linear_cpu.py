@@ -8,6 +8,8 @@ Shape legend: M rows of activations, K reduction dim, N output columns (rows of 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -18,10 +20,13 @@ from kernels.experts import QUANTIZED_TYPES
 
 DTYPES = (torch.float32, torch.bfloat16)
 # Rows up to which the compiled kernels take x @ w.T, by weight dtype: float32 read 1.3-2.3x faster
-# than MKL's [in, out] layout up to 16 rows with one thread; bfloat16 only matches the oneDNN-packed
-# layout at one row (and beats a plain bfloat16 matrix there), and falls behind it above
-# (docs/benchmarks.md). Above these (prefill) torch's GEMMs run.
-MAX_ROWS = {torch.float32: 16, torch.bfloat16: 1}
+# than MKL's [in, out] layout up to 16 rows with one thread; bfloat16 on bfloat16 dot products
+# (AVX512-BF16, `bf16_dot`) reads a plain matrix 1.0-1.25x faster than oneDNN's packed layout up to 8
+# rows and at 0.85-0.95x of it at 16, and 1.4x faster than torch on a plain matrix there; without
+# them bfloat16 only matches the packed layout at one row (docs/benchmarks.md). Above these (prefill)
+# torch's GEMMs run.
+MAX_ROWS = {torch.float32: 16, torch.bfloat16: 16}
+MAX_ROWS_BF16_WIDENED = 1  # bfloat16 where the variant widens it to float32 (no bfloat16 dot products)
 # Rows up to which a quantized w runs on the compiled kernels: they read its bytes once for all rows,
 # where torch must first dequantize the whole matrix into a copy (a table gather per element, many
 # times the cost of the matrix's own read) and only wins once that copy serves a prefill's many rows:
@@ -42,11 +47,27 @@ def linear_cpu_variant(x: Tensor, w) -> str | None:
         return selected_variant() if quantized_linear_args(x, w) is not None else None
     if not (x.dim() == 2 and x.dtype in DTYPES and x.device.type == "cpu" and w.device.type == "cpu"):
         return None
-    if not (
-        w.dim() == 2 and w.dtype == x.dtype and x.shape[0] <= MAX_ROWS[x.dtype] and not w.is_mkldnn and w.stride(-1) == 1
-    ):
+    if not (w.dim() == 2 and w.dtype == x.dtype and not w.is_mkldnn and w.stride(-1) == 1):
         return None
-    return selected_variant()
+    variant = selected_variant()
+    if variant is None or x.shape[0] > max_rows(x.dtype, variant):
+        return None
+    return variant
+
+
+def max_rows(dtype: torch.dtype, variant: str) -> int:
+    """The most activation rows the compiled kernels take for a plain matrix of this dtype (MAX_ROWS)."""
+    if dtype == torch.bfloat16 and not bf16_dot(variant):
+        return MAX_ROWS_BF16_WIDENED
+    return MAX_ROWS[dtype]
+
+
+@functools.cache
+def bf16_dot(variant: str) -> bool:
+    """Whether the variant multiplies bfloat16 activations by bfloat16 weights in bfloat16 dot products
+    on this CPU (AVX512-BF16): then it reads plain bfloat16 matrices faster than torch's layouts at
+    decode sizes."""
+    return bool(extension().bf16_dot(variant))
 
 
 def quantized_linear_args(x: Tensor, w) -> tuple | None:
@@ -62,9 +83,18 @@ def quantized_linear_args(x: Tensor, w) -> tuple | None:
 
 def holds_plain(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a dense matrix of this dtype is best held plain [N, K] for `linear_cpu` rather than in a
-    torch-specific layout: float32 on the CPU with one torch thread, where a compiled variant is
-    selected (with more threads the oneDNN-packed layout measured as fast or faster)."""
-    return dtype == torch.float32 and device.type == "cpu" and torch.get_num_threads() == 1 and selected_variant() is not None
+    torch-specific layout, on the CPU where a compiled variant is selected: float32 with one torch
+    thread (with more threads the oneDNN-packed layout measured as fast or faster); bfloat16 where the
+    variant has bfloat16 dot products (`bf16_dot`; prefill's GEMMs on a plain matrix then run within
+    10% of the packed layout from 128 rows)."""
+    if device.type != "cpu":
+        return False
+    variant = selected_variant()
+    if variant is None:
+        return False
+    if dtype == torch.bfloat16:
+        return bf16_dot(variant)
+    return dtype == torch.float32 and torch.get_num_threads() == 1
 
 
 def linear_cpu(x: Tensor, w, variant: str | None = None) -> Tensor:

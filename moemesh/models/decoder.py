@@ -24,6 +24,7 @@ from moemesh.models.layers import (
     RotaryTable, add_rms_norm, as_tensor, cat_rows, held_bytes, linear, matmul_layout, packed_for_linear, rms_norm,
     rope_for_step, silu_mlp,
 )
+from kernels.cpu.linear_cpu import holds_plain
 from kernels.prepare import check_dense_dtype
 from moemesh.moe.dispatch import route
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
@@ -80,9 +81,11 @@ class MoeDecoderLM:
             self.lm_head = matmul_layout(embed if tied else reader.get("lm_head.weight", shape=(v, h), dtype=dtype), dense_dtype=dense_dtype)
         elif cfg.tie_word_embeddings or not reader.has("lm_head.weight"):
             # Tied: the LM head is the step's largest matrix (the demo's 49152 x 576 is a fifth of its
-            # weights); where a oneDNN-packed copy applies it is faster from 1 to 16 rows, worth a
-            # second copy. Else one copy serves both, in the matmul layout.
-            packed = packed_for_linear(embed) if embed.device.type == "cpu" else None
+            # weights); where the matmul layout is a oneDNN-packed one it is faster from 1 to 16 rows,
+            # worth a second copy. Else one copy serves both, in the matmul layout (plain where the
+            # compiled kernels read it faster: `holds_plain`).
+            cpu = embed.device.type == "cpu"
+            packed = packed_for_linear(embed) if cpu and not holds_plain(embed.dtype, embed.device) else None
             if packed is not None:
                 self.embed, self.lm_head = embed, packed
             else:

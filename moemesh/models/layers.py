@@ -100,9 +100,10 @@ def matmul_layout(w, pack: bool = True, dense_dtype: str | None = None):
     - with dense_dtype (see `kernels.prepare.prepare_dense`; "fp8": BlockwiseFP8 128x128 blocks, one
       matrix [1, out, in]) quantized into that format, or kept as stored where w comes quantized in it
       (an `FP8BlockExperts` read from a BlockwiseFP8 checkpoint), on any device;
-    - float32 with one torch thread where the compiled CPU kernels run: plain [out, in] contiguous,
-      which they stream at decode sizes (`kernels.cpu.linear_cpu`; faster than [in, out] for MKL);
-    - packed by oneDNN (`packed_for_linear`) where that applies: bfloat16 always, float32 when torch
+    - plain [out, in] contiguous where the compiled CPU kernels read it faster at decode sizes
+      (`kernels.cpu.linear_cpu.holds_plain`): float32 with one torch thread (faster than [in, out] for
+      MKL), bfloat16 where they multiply in bfloat16 dot products (AVX512-BF16);
+    - packed by oneDNN (`packed_for_linear`) where that applies: other bfloat16, float32 when torch
       runs 2 or more intra-op threads (only `linear` can use a packed tensor, so pack=False where the
       tensor is also indexed);
     - otherwise float32 is held [in, out] contiguous (returned as its [out, in] transposed view), since

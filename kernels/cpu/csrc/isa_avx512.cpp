@@ -308,6 +308,103 @@ struct V {
     }
   }
 
+  // bfloat16 weights against activation rows that hold bfloat16 values: each 64-byte step of a row
+  // (32 elements, one cache line) is one vector that vdpbf16ps multiplies exactly against the
+  // activations' vector in element order (bf16_x_plain), with no widening of either side.
+  // bf16w_block: R consecutive rows from `row` (`stride` bytes apart) against MR activation rows
+  // (from L1): out[m * ldo + r] = sum_k x[m, k] * row_r[k]; the bytes `prefetch` further on are
+  // requested as it reads (0: the rows are read again from the caches). U chains per product (more
+  // where few activation rows leave registers for them) hide the dot products' latency; a row's
+  // result does not depend on R (whether it ran in a pair), so not on how rows are split over
+  // threads. The last step's bytes past k are not read.
+  template <int MR, int R>
+  __attribute__((target("avx512bf16"))) static void bf16w_block(const uint8_t* row, int64_t stride,
+                                                                const __m512bh* xb, int64_t k, float* out,
+                                                                int64_t ldo, int64_t prefetch) {
+    constexpr int U = MR <= 2 ? 4 : (MR <= 4 ? 2 : 1);  // by MR only: a row's sums do not depend on R
+    const int64_t chunks = (k + 31) / 32, full = k / 32, body = full / U * U;
+    const __mmask32 tail = (k % 32) ? __mmask32((1u << (k % 32)) - 1) : ~__mmask32(0);
+    F acc[MR][R][U];
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < R; ++r)
+        for (int u = 0; u < U; ++u) acc[m][r][u] = zero();
+    int64_t c = 0;
+    for (; c < body; c += U) {
+      __m512i w[R][U];
+      for (int r = 0; r < R; ++r)
+        for (int u = 0; u < U; ++u) {
+          const uint8_t* p = row + r * stride + 64 * (c + u);
+          __builtin_prefetch(p + prefetch);
+          w[r][u] = _mm512_loadu_si512(p);
+        }
+      for (int m = 0; m < MR; ++m)
+        for (int u = 0; u < U; ++u) {
+          const __m512bh xv = xb[m * chunks + c + u];
+          for (int r = 0; r < R; ++r) acc[m][r][u] = _mm512_dpbf16_ps(acc[m][r][u], (__m512bh)w[r][u], xv);
+        }
+    }
+    for (; c < chunks; ++c) {  // the steps past the last whole group of U, the last one maybe partial
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = row + r * stride + 64 * c;
+        const __m512i w = c < full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(tail, p);
+        for (int m = 0; m < MR; ++m) acc[m][r][0] = _mm512_dpbf16_ps(acc[m][r][0], (__m512bh)w, xb[m * chunks + c]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      F sum[MR];
+      for (int m = 0; m < MR; ++m) {
+        sum[m] = acc[m][r][0];
+        for (int u = 1; u < U; ++u) sum[m] = add(sum[m], acc[m][r][u]);
+      }
+      if constexpr (MR == 8) {
+        alignas(32) float t[8];
+        hsum8(sum, t);
+        for (int m = 0; m < 8; ++m) out[m * ldo + r] = t[m];
+      } else {
+        for (int m = 0; m < MR; ++m) out[m * ldo + r] = hsum(sum[m]);
+      }
+    }
+  }
+
+  // One block of R rows against mr <= BF16W_GROUP activation rows.
+  template <int R, int MR = 8>
+  static void bf16w_block_m(const uint8_t* row, int64_t stride, const __m512bh* xb, int64_t k, float* out,
+                            int64_t ldo, int64_t prefetch, int64_t mr) {
+    if constexpr (MR > 1) {
+      if (mr < MR) return bf16w_block_m<R, MR - 1>(row, stride, xb, k, out, ldo, prefetch, mr);
+    }
+    bf16w_block<MR, R>(row, stride, xb, k, out, ldo, prefetch);
+  }
+
+  // Rows [0, rows) of `stride` bytes from `base` against M activation rows (xb: M rows of
+  // (k + 31) / 32 vectors, as bf16_x_plain writes them): out[m * ldo + n]. The rows are read once, in
+  // order, as one stream prefetched `prefetch` bytes ahead: one at a time against up to 4 activation
+  // rows, else two at a time against groups of up to BF16W_GROUP (the pair read again from L1 for
+  // each further group).
+  static constexpr int BF16W_GROUP = 8;
+  static void bf16w_rows(const uint8_t* base, int64_t stride, int64_t rows, const __m512bh* xb, int64_t k,
+                         float* out, int64_t ldo, int64_t prefetch, int64_t M) {
+    const int64_t chunks = (k + 31) / 32;
+    const int R = M <= 4 ? 1 : 2;
+    int64_t n = 0;
+    for (; n + R <= rows; n += R) {
+      const uint8_t* row = base + n * stride;
+      for (int64_t m = 0; m < M; m += BF16W_GROUP) {
+        const int64_t mr = M - m < BF16W_GROUP ? M - m : BF16W_GROUP;
+        const int64_t pf = m == 0 ? prefetch : 0;
+        if (R == 2) {
+          bf16w_block_m<2>(row, stride, xb + m * chunks, k, out + m * ldo + n, ldo, pf, mr);
+        } else {
+          bf16w_block_m<1>(row, stride, xb + m * chunks, k, out + m * ldo + n, ldo, pf, mr);
+        }
+      }
+    }
+    for (; n < rows; ++n)  // the rows past the last whole block
+      for (int64_t m = 0; m < M; m += BF16W_GROUP)
+        bf16w_block_m<1>(base + n * stride, stride, xb + m * chunks, k, out + m * ldo + n, ldo, 0,
+                         M - m < BF16W_GROUP ? M - m : BF16W_GROUP);
+  }
+
   // FP8 (E4M3) weights with byte permutes (AVX512-VBMI), 64 bytes of a row per step: the magnitude's
   // 7 bits pick the high and the low byte of its bfloat16 (E4M3_BF16) from two 128-byte tables, one
   // vpermt2b each, the sign bit is or-ed into the high bytes, and byte unpacks pair them into two

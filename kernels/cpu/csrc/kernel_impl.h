@@ -16,6 +16,9 @@
 // straight on the decoded registers (dense weights one row at a time, `stream_rows`; the quantized
 // formats NR rows at a time); more rows first decode an NR-row tile into a cache-resident float32
 // buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
+// Where the activation rows hold bfloat16 values and the variant has bfloat16 dot products
+// (Weights::bf16_x), bfloat16 weights above MR rows (matmul_bf16w), FP8 and the E2M1 formats up to
+// MR rows instead meet them in bfloat16 dot products with float32 accumulators.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -179,7 +182,8 @@ void micro_rows(const D& d, const Row* rows, int nvalid, const float* x, int64_t
 // 24-64 KiB), so this keeps enough lines in flight to cover DRAM latency (a shorter
 // distance measured slower than the tiles; docs/benchmarks.md).
 constexpr int64_t STREAM_PREFETCH_BYTES = 4096;
-// bfloat16 weights at MR < M <= STREAM_MAX_ROWS rows: blocks of STREAM_BLOCK_ROWS weight rows, each
+// bfloat16 weights at MR < M <= STREAM_MAX_ROWS rows against float32 activations (or without
+// bfloat16 dot products; else matmul_bf16w runs): blocks of STREAM_BLOCK_ROWS weight rows, each
 // streamed from memory for the first MR activation rows and read again from L2 for the others, in
 // place of decoding float32 tiles into a buffer (float32 weights keep the register tiles, which
 // reuse each loaded weight vector for MR rows and measured faster there).
@@ -404,6 +408,29 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
   }
 }
 
+// bfloat16 weights on the variant's bfloat16 dot products (V::bf16w_rows), for any number of
+// activation rows that hold bfloat16 values (`matmul` takes it above MR rows); false (nothing done)
+// where the variant has none. The rows [n0, n1) are read once, as one stream, for all activation
+// rows (half the instructions per weight of the float32 kernels, which widen every weight and read
+// blocks of rows again per tile of MR activation rows: 1.8x faster for an expert layer at 8 rows per
+// expert, docs/benchmarks.md). The activation rows are converted to bfloat16 once per call.
+template <class VV = V>
+bool matmul_bf16w(const DecBF16& d, int64_t k, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx,
+                  float* out, int64_t ldo) {
+  if constexpr (!VV::BF16_DOT) {
+    return false;
+  } else {
+    const int64_t chunks = padded_k(k) / 32;
+    auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * chunks * M));
+    VV::bf16_x_plain(x, ldx, padded_k(k), M, xb);
+    const uint8_t* first = d.row(n0).d;
+    for (int64_t b = 0; b < STREAM_PREFETCH_BYTES; b += 64) __builtin_prefetch(first + b);
+    VV::bf16w_rows(first, d.stride, n1 - n0, xb, k, out, ldo, STREAM_PREFETCH_BYTES, M);
+    std::free(xb);
+    return true;
+  }
+}
+
 // exp(x) for the activations: Cephes' single-precision polynomial on x - n ln2, times 2^n
 // (relative error about 2 ulp); the argument is clamped to [-87, 88] so 2^n stays a normal float.
 F vexp(F x) {
@@ -443,6 +470,8 @@ void matmul(const Weights& w, int64_t e, int64_t n0, int64_t n1, const float* x,
     }
     case FMT_BF16: {
       const DecBF16 d{data + e * w.sd_e * 2, w.sd_n * 2};
+      // up to MR rows the float32 stream (as fast at these sizes, with no conversion of x per call)
+      if (w.bf16_x && M > V::MR && matmul_bf16w(d, w.k, n0, n1, x, M, ldx, out, ldo)) return;
       return matmul_fmt(d, n0, n1, x, M, ldx, w.k, out, ldo, false);
     }
     case FMT_FP8: {

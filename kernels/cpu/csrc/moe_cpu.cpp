@@ -360,6 +360,7 @@ void bind_quantize(pybind11::module_& m);  // quantize_cpu.cpp
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "moemesh CPU expert kernels";
   m.def("variants", &moemesh_cpu::variants, "kernel variants this CPU runs, best first");
+  m.def("bf16_dot", &moemesh_cpu::bf16_dot, "whether a variant multiplies bfloat16 activations in bfloat16 here (AVX512-BF16)");
   m.def("parallel_threads", &moemesh_cpu::parallel_threads, "threads one parallel region of n items runs on");
   // the GIL is released while the kernels run (as torch's own ops do), so other Python threads go on
   m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format",

@@ -42,9 +42,12 @@ def test_results_do_not_depend_on_the_thread_count(threads, fmt):
     row_weight = torch.rand(10, generator=g)
     expert_idx, counts = torch.tensor([1, 3, 6, 7]), torch.tensor([3, 2, 4, 1])
     lin = quantize_mxfp4((torch.randn(1, 384, 256, generator=g) * 0.1))
+    plain = (torch.randn(203, 256, generator=g) * 0.1).bfloat16()  # odd rows: pairs and one alone
+    x9 = torch.randn(9, 256, generator=g).bfloat16()  # two groups of activation rows
     out = {}
     for n in (1, 2):
         threads(n)
-        out[n] = (moe_mlp(x, token_idx, row_weight, expert_idx, counts, w, backend="cpu"), linear_cpu(x, lin))
-    assert torch.equal(out[1][0], out[2][0])
-    assert torch.equal(out[1][1], out[2][1])
+        out[n] = (moe_mlp(x, token_idx, row_weight, expert_idx, counts, w, backend="cpu"), linear_cpu(x, lin),
+                  linear_cpu(x9, plain))
+    for a, b in zip(out[1], out[2]):
+        assert torch.equal(a, b)

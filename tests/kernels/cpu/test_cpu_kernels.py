@@ -102,16 +102,18 @@ def test_matches_the_reference_path(variant, dtype, fmt, h, i, activation, bias)
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])
 @pytest.mark.parametrize("h, i", [(128, 64), (160, 96), (100, 70)], ids=["even_chunks", "odd_chunks", "partial_chunk"])
 def test_dense_experts_at_every_row_count_path(variant, dtype, fmt, h, i):
-    """Dense weights at 0 to 5, 16 and 17 rows per expert: up to a register tile of rows (4 on
-    AVX-512) the kernels stream each weight row once (an even or odd number of 32-element chunks, or a
-    partial last chunk); above it, bfloat16 up to 16 rows streams blocks of rows once per tile of
-    activation rows, the rest runs the tiled paths."""
+    """Dense weights at 0 to 5, 8, 9, 16, 17 and 25 rows per expert, an even or odd number of
+    32-element chunks or a partial last chunk. Up to a register tile of rows (4 on AVX-512, 3 on
+    AVX2) the kernels stream each weight row once. Above it, bfloat16 weights against bfloat16 x with
+    AVX512-BF16 run the bfloat16 dot products (pairs of weight rows, an odd last row alone, against
+    groups of up to 8 activation rows); otherwise bfloat16 up to 16 rows streams blocks of rows once
+    per tile of activation rows, the rest runs the tiled paths."""
     variant_or_skip(variant)
-    w = weights(fmt, dtype, h, i, e=8, seed=1)
-    expert_idx = torch.tensor([7, 0, 3, 5, 1, 6, 2, 4])
-    counts = torch.tensor([1, 0, 2, 3, 4, 5, 16, 17])  # bfloat16: 5-16 rows in row blocks, 17 the buffered tiles
-    x = torch.randn(20, h).to(dtype)
-    token_idx, row_weight = routing(20, counts.tolist(), seed=1)
+    w = weights(fmt, dtype, h, i, e=11, seed=1)
+    expert_idx = torch.tensor([7, 0, 3, 5, 1, 6, 2, 4, 10, 8, 9])
+    counts = torch.tensor([1, 0, 2, 3, 4, 5, 16, 17, 8, 9, 25])
+    x = torch.randn(32, h).to(dtype)
+    token_idx, row_weight = routing(32, counts.tolist(), seed=1)
     got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
 

@@ -104,3 +104,21 @@ def test_plain_weights_keep_their_path_and_bad_weights_are_refused():
         linear_cpu(x, w.half())
     stored = fp8_block_from_checkpoint(quantize_fp8_block(torch.randn(40, 64)).weight[0], torch.ones(1, 1))  # [N, K] as on disk
     assert_within_rounding(linear_cpu(x, stored), reference(x, stored), torch.float32)
+
+
+@needs_kernels
+@pytest.mark.parametrize("n,k", [(200, 300), (129, 257), (64, 70), (33, 32)])
+def test_plain_bfloat16_at_every_row_count(n, k):
+    # bfloat16 x and weights: up to 4 rows the float32 stream; above, with AVX512-BF16, the bfloat16
+    # dot products (pairs of weight rows, an odd last one alone, against groups of up to 8 activation
+    # rows; K ending inside a 32-element step), else the float32 kernels; every variant gives the
+    # float64 product to the output's rounding
+    torch.manual_seed(n * k)
+    w = torch.randn(n, k).bfloat16()
+    for m in (1, 2, 4, 5, 8, 9, 16, 17, 24):
+        x = torch.randn(m, k).bfloat16()
+        want = x.double() @ w.double().t()
+        for variant in available_variants():
+            got = linear_cpu(x, w, variant)
+            assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+            assert_within_rounding(got, want, torch.bfloat16)

@@ -1,8 +1,10 @@
 import pytest
 import torch
 
-from kernels.cpu.linear_cpu import MAX_ROWS, linear_cpu, linear_cpu_variant
-from kernels.cpu.variant import VARIANT_ENV, available_variants
+from kernels.cpu.linear_cpu import (
+    MAX_ROWS, MAX_ROWS_BF16_WIDENED, bf16_dot, holds_plain, linear_cpu, linear_cpu_variant, max_rows,
+)
+from kernels.cpu.variant import VARIANT_ENV, available_variants, selected_variant
 from moemesh.models.layers import linear, matmul_layout
 
 
@@ -64,7 +66,27 @@ def test_compiled_linear_matches_float64_on_odd_shapes():
                 assert (got.double() - want).abs().max().item() <= tol * max(1.0, want.abs().max().item())
 
 
-def test_bfloat16_is_packed_unless_it_must_stay_indexable():
+def test_bfloat16_is_plain_for_bfloat16_dot_products_else_packed_unless_indexable(monkeypatch):
     b = torch.randn(6, 4).bfloat16()
     assert matmul_layout(b, pack=False) is b
+    variant = selected_variant()
+    plain = variant is not None and bf16_dot(variant)
+    assert holds_plain(torch.bfloat16, b.device) == plain
+    held = matmul_layout(b)
+    assert held.is_mkldnn == (torch.backends.mkldnn.is_available() and not plain)
+    if plain:  # the compiled kernels take it up to MAX_ROWS rows, then torch
+        assert max_rows(torch.bfloat16, variant) == MAX_ROWS[torch.bfloat16]
+        for rows in (1, 16, 17):
+            x = torch.randn(rows, 4).bfloat16()
+            assert (linear_cpu_variant(x, held) is not None) == (rows <= MAX_ROWS[torch.bfloat16])
+            torch.testing.assert_close(linear(x, held), x @ b.t(), rtol=1e-2, atol=1e-2)
+    monkeypatch.setenv(VARIANT_ENV, "torch")  # no compiled kernels: torch's packed layout
     assert matmul_layout(b).is_mkldnn == torch.backends.mkldnn.is_available()
+
+
+def test_bfloat16_without_bfloat16_dot_products_takes_one_row():
+    if "avx2" not in available_variants():
+        pytest.skip("the AVX2 kernels do not run here")
+    assert not bf16_dot("avx2")
+    assert max_rows(torch.bfloat16, "avx2") == MAX_ROWS_BF16_WIDENED == 1
+    assert max_rows(torch.float32, "avx2") == MAX_ROWS[torch.float32]
