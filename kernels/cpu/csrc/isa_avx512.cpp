@@ -212,18 +212,20 @@ struct V {
       for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
   }
 
-  // Weight rows per tile of e2m1_bf16_tile for mr activation rows: more rows (more independent
-  // accumulators and load streams) where few activation rows leave registers for them.
+  // Weight rows per tile of the 4-bit and FP8 tiles for a call of mr activation rows (at most MR):
+  // more rows (more independent accumulators and load streams) where few activation rows leave
+  // registers for them. A call of more rows keeps 4-row tiles for every group of MR rows.
   static constexpr int BF16_TILE_ROWS = 8;
   static int bf16_tile_rows(int64_t mr) { return mr <= 2 ? 8 : 4; }
 
+  // The E2M1 tiles for mr activation rows over a tile of tr (bf16_tile_rows) weight rows.
   template <int LPB, int MR = 4>
   static void e2m1_bf16(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
-                        int64_t kp, float* out, int64_t ldo, int64_t mr) {
+                        int64_t kp, float* out, int64_t ldo, int64_t mr, int tr) {
     if constexpr (MR > 1) {
-      if (mr < MR) return e2m1_bf16<LPB, MR - 1>(d, s, ahead, nvalid, xb, kp, out, ldo, mr);
+      if (mr < MR) return e2m1_bf16<LPB, MR - 1>(d, s, ahead, nvalid, xb, kp, out, ldo, mr, tr);
     }
-    if (MR <= 2) return e2m1_bf16_tile<LPB, MR, 8>(d, s, ahead, nvalid, xb, kp, out, ldo);
+    if (MR <= 2 && tr == 8) return e2m1_bf16_tile<LPB, MR, 8>(d, s, ahead, nvalid, xb, kp, out, ldo);
     e2m1_bf16_tile<LPB, MR, 4>(d, s, ahead, nvalid, xb, kp, out, ldo);
   }
 
@@ -292,15 +294,20 @@ struct V {
       for (int j = 0; j < nvalid; ++j) out[m * ldo + j] = hsum(acc[m][j]);
   }
 
-  // The FP8 tiles for mr activation rows: byte permutes (fp8_vbmi_tile, BYTES) or word permutes
-  // (fp8_bf16_tile), 8 weight rows per tile up to 2 activation rows, else 4.
+  // The FP8 tiles for mr activation rows over a tile of tr (bf16_tile_rows) weight rows: byte
+  // permutes (fp8_vbmi_tile, BYTES) or word permutes (fp8_bf16_tile).
   template <bool BYTES, int MR = 4>
   static void fp8_tiles(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
-                        int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr) {
+                        int64_t k, int64_t qbk, float* out, int64_t ldo, int64_t mr, int tr) {
     if constexpr (MR > 1) {
-      if (mr < MR) return fp8_tiles<BYTES, MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr);
+      if (mr < MR) return fp8_tiles<BYTES, MR - 1>(d, s, ahead, nvalid, xb, k, qbk, out, ldo, mr, tr);
     }
-    constexpr int NR_ = MR <= 2 ? 8 : 4;
+    if (MR <= 2 && tr == 8) return fp8_tile<BYTES, MR, 8>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+    fp8_tile<BYTES, MR, 4>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
+  }
+  template <bool BYTES, int MR, int NR_>
+  static void fp8_tile(const uint8_t* const* d, const float* const* s, int64_t ahead, int nvalid, const __m512bh* xb,
+                       int64_t k, int64_t qbk, float* out, int64_t ldo) {
     if constexpr (BYTES) {
       fp8_vbmi_tile<MR, NR_>(d, s, ahead, nvalid, xb, k, qbk, out, ldo);
     } else {

@@ -17,8 +17,8 @@
 // formats NR rows at a time); more rows first decode an NR-row tile into a cache-resident float32
 // buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
 // Where the activation rows hold bfloat16 values and the variant has bfloat16 dot products
-// (Weights::bf16_x), bfloat16 weights above MR rows (matmul_bf16w), FP8 and the E2M1 formats up to
-// MR rows instead meet them in bfloat16 dot products with float32 accumulators.
+// (Weights::bf16_x), bfloat16 weights above MR rows (matmul_bf16w), FP8 and the E2M1 formats at any
+// number of rows instead meet them in bfloat16 dot products with float32 accumulators.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -320,19 +320,20 @@ inline int64_t rows_ahead(int64_t stride, int tr, int64_t bytes) {
 }
 
 // The 4-bit formats (LPB: product lanes per block, see V::e2m1_bf16) on the variant's bfloat16 dot
-// products, V::bf16_tile_rows(M) rows at a time, for up to MR activation rows that hold bfloat16
-// values; false (nothing done) where the variant has none. kb blocks per row, kp elements per row (a
-// multiple of 16). The activation rows are converted to bfloat16 once per call, in the layout the
-// tiles read.
+// products, V::bf16_tile_rows rows at a time, for any number of activation rows that hold bfloat16
+// values, MR at a time (a tile is read from memory for the first MR rows and decoded again from L1
+// for the others: cheaper than the float32 kernels' decode into a buffer, whose multiply-adds take
+// twice the instructions); false (nothing done) where the variant has none. kb blocks per row, kp
+// elements per row (a multiple of 16). The activation rows are converted to bfloat16 once per call,
+// in the layout the tiles read.
 template <int LPB, class D, class VV = V>
 bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx, int64_t kp,
                  float* out, int64_t ldo) {
   if constexpr (!VV::BF16_DOT) {
     return false;
   } else {
-    if (M > VV::MR) return false;
     constexpr int TR = VV::BF16_TILE_ROWS;  // the most rows a tile takes
-    const int tr = VV::bf16_tile_rows(M);
+    const int tr = VV::bf16_tile_rows(M < VV::MR ? M : VV::MR);
     const int64_t steps = (kp + VV::BF16_STEP - 1) / VV::BF16_STEP;
     const int64_t per_row = (kb + 8 + 15) / 16 * 16;  // the multipliers, then zeros the last step may read
     float* sbuf = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * TR * per_row));
@@ -356,7 +357,9 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
         rs[j] = sj;
       }
       for (int64_t b = 0; b < tr * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n + ahead + tr) + b);
-      VV::template e2m1_bf16<LPB>(rd, rs, ahead * d.stride, nvalid, xb, kp, out + (n - n0), ldo, M);
+      for (int64_t m = 0; m < M; m += VV::MR)  // the tile from memory for the first MR rows, from L1 after
+        VV::template e2m1_bf16<LPB>(rd, rs, m == 0 ? ahead * d.stride : 0, nvalid, xb + m * steps * 4, kp,
+                                    out + m * ldo + (n - n0), ldo, M - m < VV::MR ? M - m : VV::MR, tr);
     }
     std::free(xb);
     std::free(sbuf);
@@ -364,9 +367,9 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
   }
 }
 
-// FP8 weights on the variant's bfloat16 dot products (V::fp8_tiles), V::bf16_tile_rows(M) rows at a
-// time, for up to MR activation rows that hold bfloat16 values; false (nothing done) where the
-// variant has none. With `vbmi` (and block widths a multiple of V::FP8_VBMI_STEP) the tiles decode
+// FP8 weights on the variant's bfloat16 dot products (V::fp8_tiles), V::bf16_tile_rows rows at a
+// time, for any number of activation rows that hold bfloat16 values, MR at a time (as matmul_bf16);
+// false (nothing done) where the variant has none. With `vbmi` (and block widths a multiple of V::FP8_VBMI_STEP) the tiles decode
 // with byte permutes, else word permutes. The activation rows are converted to
 // bfloat16 once per call, in the layout the chosen tiles read.
 template <class VV = V>
@@ -375,9 +378,8 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
   if constexpr (!VV::BF16_DOT) {
     return false;
   } else {
-    if (M > VV::MR) return false;
     constexpr int TR = VV::BF16_TILE_ROWS;
-    const int tr = VV::bf16_tile_rows(M);
+    const int tr = VV::bf16_tile_rows(M < VV::MR ? M : VV::MR);
     const bool bytes = vbmi && d.qbk % VV::FP8_VBMI_STEP == 0;
     const int64_t kp = bytes ? (k + VV::FP8_VBMI_STEP - 1) / VV::FP8_VBMI_STEP * VV::FP8_VBMI_STEP : padded_k(k);
     const int64_t ahead = rows_ahead(d.stride, tr, QUANT_PREFETCH_BYTES);
@@ -397,10 +399,13 @@ bool matmul_fp8_bf16(const DecFP8& d, int64_t k, int64_t n0, int64_t n1, const f
         rd[j] = r.d;
         rs[j] = r.s;
       }
-      if (bytes) {
-        VV::template fp8_tiles<true>(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
-      } else {
-        VV::template fp8_tiles<false>(rd, rs, ahead * d.stride, nvalid, xb, k, d.qbk, out + (n - n0), ldo, M);
+      for (int64_t m = 0; m < M; m += VV::MR) {  // the tile from memory for the first MR rows, from L1 after
+        const int64_t pf = m == 0 ? ahead * d.stride : 0, mr = M - m < VV::MR ? M - m : VV::MR;
+        if (bytes) {
+          VV::template fp8_tiles<true>(rd, rs, pf, nvalid, xb + m * (kp / 32), k, d.qbk, out + m * ldo + (n - n0), ldo, mr, tr);
+        } else {
+          VV::template fp8_tiles<false>(rd, rs, pf, nvalid, xb + m * (kp / 32), k, d.qbk, out + m * ldo + (n - n0), ldo, mr, tr);
+        }
       }
     }
     std::free(xb);

@@ -125,15 +125,15 @@ def test_dense_experts_at_every_row_count_path(variant, dtype, fmt, h, i):
     ids=["k48_80", "k96_112", "k128_40", "k144_70", "k64_264"],
 )
 def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
-    # up to 4 rows per expert (the decode-shaped kernels; with bfloat16 x and AVX512-BF16, the bfloat16
-    # dot products in 128-element steps over tiles of 8 or 4 weight rows), K ending every multiple of
-    # 16 elements into a step (NVFP4 pads K to 16, MXFP4 to 32), 70 output columns leaving a partial
-    # tile of rows
+    # 1 to 9 rows per expert (with bfloat16 x and AVX512-BF16, the bfloat16 dot products in
+    # 128-element steps over tiles of 8 or 4 weight rows, 4 activation rows at a time: 6 and 9 rows
+    # read a tile again for a partial group), K ending every multiple of 16 elements into a step
+    # (NVFP4 pads K to 16, MXFP4 to 32), 70 output columns leaving a partial tile of rows
     variant_or_skip(variant)
     w = weights(fmt, torch.bfloat16, h, i, "silu", bias=True, e=5, seed=3)
-    expert_idx, counts = torch.tensor([3, 0, 4, 1]), torch.tensor([4, 1, 2, 3])
-    x = torch.randn(6, h, generator=torch.Generator().manual_seed(h + i)).to(torch.bfloat16)
-    token_idx, row_weight = routing(6, counts.tolist(), seed=1)
+    expert_idx, counts = torch.tensor([3, 0, 4, 1, 2]), torch.tensor([4, 1, 2, 9, 6])
+    x = torch.randn(12, h, generator=torch.Generator().manual_seed(h + i)).to(torch.bfloat16)
+    token_idx, row_weight = routing(12, counts.tolist(), seed=1)
     got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
 
@@ -142,20 +142,20 @@ def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
 @pytest.mark.parametrize("block", [(32, 32), (16, 64), (128, 128)], ids=["b32", "b64", "b128"])
 @pytest.mark.parametrize("h, i", [(96, 70), (200, 136)], ids=["k96_70", "k200_136"])
 def test_fp8_decode_rows_with_every_block_width(variant, block, h, i):
-    # up to 4 rows per expert (with bfloat16 x and AVX512-BF16, the bfloat16 dot products summing a
-    # block's 32-element chunks before its scale; blocks of 64 or more elements decoded with byte
-    # permutes where the CPU has AVX512-VBMI, 32-element blocks with word permutes), blocks of 1, 2
-    # or 4 chunks, K ending inside a chunk and inside a block, 70 output columns leaving a partial
-    # tile of rows
+    # 1 to 9 rows per expert (with bfloat16 x and AVX512-BF16, the bfloat16 dot products summing a
+    # block's 32-element chunks before its scale, 4 activation rows at a time; blocks of 64 or more
+    # elements decoded with byte permutes where the CPU has AVX512-VBMI, 32-element blocks with word
+    # permutes), blocks of 1, 2 or 4 chunks, K ending inside a chunk and inside a block, 70 output
+    # columns leaving a partial tile of rows
     variant_or_skip(variant)
     g = torch.Generator().manual_seed(h + block[1])
     w = ExpertWeights(
         quantize_fp8_block(torch.randn(5, 2 * i, h, generator=g) * 0.2, block, segments=2),
         quantize_fp8_block(torch.randn(5, h, i, generator=g) * 0.2, block),
     )
-    expert_idx, counts = torch.tensor([3, 0, 4, 1]), torch.tensor([4, 1, 2, 3])
-    x = torch.randn(6, h, generator=g).to(torch.bfloat16)
-    token_idx, row_weight = routing(6, counts.tolist(), seed=2)
+    expert_idx, counts = torch.tensor([3, 0, 4, 1, 2]), torch.tensor([4, 1, 2, 9, 6])
+    x = torch.randn(12, h, generator=g).to(torch.bfloat16)
+    token_idx, row_weight = routing(12, counts.tolist(), seed=2)
     got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
 
