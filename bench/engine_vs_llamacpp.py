@@ -16,16 +16,19 @@ quantized with llama.cpp's quantizer (bench/llamacpp_gguf.py); GGUF files are ca
   4-bit   llama.cpp: --llama-4bit (default MXFP4_MOE: experts MXFP4, other matrices Q8_0; falls
           back to Q4_0, and says so, where the quantizer refuses MXFP4 for the architecture)
           moemesh: --experts-dtype mxfp4 (other matrices bf16), compute bf16
+  nvfp4   llama.cpp: the same 4-bit GGUF, measured again beside this row's engine
+          moemesh: --experts-dtype nvfp4 (other matrices bf16), compute bf16 (llama.cpp has no
+          NVFP4: its 4-bit rate is the anchor)
   4-bit+8 llama.cpp: the same 4-bit GGUF, measured again beside this row's engine
           moemesh: --experts-dtype mxfp4 with the attention projections and LM head in BlockwiseFP8
           (`EngineConfig.dense_dtype="fp8"`): the configuration of llama.cpp's MXFP4_MOE (8-bit
           matrices beside 4-bit experts), compute bf16
---dense-dtype sets the dense format of the bf16 and 4-bit rows' engines (default: bf16, as above).
+--dense-dtype sets the dense format of the bf16, 4-bit and nvfp4 rows' engines (default: bf16, as above).
 Both sides decode greedily, batch 1, from the same prompt token ids, with --threads threads
 (llama.cpp n_threads; torch threads in the engine's own process, bench/engine_worker.py), timed
 from the first generated token to the last (prefill excluded); each figure is the best of --repeats
 runs, after 32 untimed tokens on each side (llama.cpp maps the GGUF into memory, so an expert is
-paged in when first used). Both llama.cpp models and the three engines stay loaded together and
+paged in when first used). Both llama.cpp models and the four engines stay loaded together and
 take turns, one run each per round, so that every ratio (moemesh/llama.cpp in a row, and 4-bit/bf16
 on either side) compares runs taken minutes apart at most. Printed: tokens per second and ms per step of
 each side, the moemesh/llama.cpp ratio per row, each side's 4-bit/bf16 ratio, and the load times.
@@ -174,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {  # name: (GGUF, its kind, moemesh experts_dtype, moemesh dense_dtype, moemesh's formats)
         "bf16": (bf16_gguf, "bf16", None, a.dense_dtype, f"experts as stored (bf16), other matrices {dense}"),
         "4-bit": (q_gguf, q_kind, "mxfp4", a.dense_dtype, f"--experts-dtype mxfp4, other matrices {dense}"),
+        "nvfp4": (q_gguf, q_kind, "nvfp4", a.dense_dtype, f"--experts-dtype nvfp4, other matrices {dense}"),
         "4-bit+8": (q_gguf, q_kind, "mxfp4", "fp8", "--experts-dtype mxfp4 --dense-dtype fp8 (attention, LM head BlockwiseFP8)"),
     }
     theirs, ours = measure_rows(model_dir, {"bf16": bf16_gguf, "4-bit": q_gguf},
@@ -186,11 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         theirs, ours = results[name]
         print(f"{name:<7}{theirs.rate.wall:>16.1f}{theirs.rate.step_s * 1e3:>9.1f}{ours.rate.wall:>15.1f}{ours.rate.step_s * 1e3:>9.1f}"
               f"{ours.rate.wall / theirs.rate.wall:>19.2f}   llama.cpp {QUANT_DESCRIPTIONS[kind]}; moemesh {ours_desc}")
-    (lb, mb_), (lq, mq), (lq8, mq8) = results["bf16"], results["4-bit"], results["4-bit+8"]
+    (lb, mb_), (lq, mq), (_, mn), (lq8, mq8) = (results[name] for name in ("bf16", "4-bit", "nvfp4", "4-bit+8"))
     print(f"4-bit / bf16: llama.cpp {lq.rate.wall / lb.rate.wall:.2f}x, moemesh {mq.rate.wall / mb_.rate.wall:.2f}x "
-          f"(4-bit+8: {mq8.rate.wall / mb_.rate.wall:.2f}x); moemesh 4-bit / llama.cpp bf16 {mq.rate.wall / lb.rate.wall:.2f}x")
+          f"(nvfp4: {mn.rate.wall / mb_.rate.wall:.2f}x, 4-bit+8: {mq8.rate.wall / mb_.rate.wall:.2f}x); "
+          f"moemesh 4-bit / llama.cpp bf16 {mq.rate.wall / lb.rate.wall:.2f}x")
     print(f"load s: llama.cpp bf16 {lb.load_s:.1f}, {q_kind} {lq.load_s:.1f}, {lq8.load_s:.1f} (memory-mapped GGUF); "
-          f"moemesh bf16 {mb_.load_s:.1f}, mxfp4 {mq.load_s:.1f}, mxfp4+fp8 {mq8.load_s:.1f} (fresh process, quantized on load)")
+          f"moemesh bf16 {mb_.load_s:.1f}, mxfp4 {mq.load_s:.1f}, nvfp4 {mn.load_s:.1f}, mxfp4+fp8 {mq8.load_s:.1f} "
+          f"(fresh process, quantized on load)")
     return 0
 
 

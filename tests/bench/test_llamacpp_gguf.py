@@ -83,7 +83,7 @@ def test_engine_vs_llamacpp_end_to_end_on_a_tiny_checkpoint(tiny_shape_dir, tmp_
     path = tiny_shape_dir("qwen3-sparse-tiny")
     assert engine_vs_llamacpp.main(["--model", str(path), "--new-tokens", "3", "--repeats", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "bf16 " in out and "4-bit" in out and "moemesh/llama.cpp" in out
+    assert "bf16 " in out and "4-bit" in out and "nvfp4 " in out and "moemesh/llama.cpp" in out
     ggufs = sorted(p.name for p in (tmp_path / "home" / "bench" / "gguf").glob("*.gguf"))
     assert len(ggufs) == 2 and ggufs[0].endswith("-bf16.gguf")
 
