@@ -21,8 +21,8 @@ from kernels.experts import QUANTIZED_TYPES
 DTYPES = (torch.float32, torch.bfloat16)
 # Rows up to which the compiled kernels take x @ w.T, by weight dtype: float32 read 1.3-2.3x faster
 # than MKL's [in, out] layout up to 16 rows with one thread; bfloat16 on bfloat16 dot products
-# (AVX512-BF16, `bf16_dot`) reads a plain matrix 1.0-1.25x faster than oneDNN's packed layout up to 8
-# rows and at 0.85-0.95x of it at 16, and 1.4x faster than torch on a plain matrix there; without
+# (AVX512-BF16, `bf16_dot`) reads a plain matrix at 0.95-1.3x oneDNN's packed layout up to 8 rows
+# and at 0.8-0.95x of it at 16, and 1.3-1.5x faster than torch on a plain matrix there; without
 # them bfloat16 only matches the packed layout at one row (docs/benchmarks.md). Above these (prefill)
 # torch's GEMMs run.
 MAX_ROWS = {torch.float32: 16, torch.bfloat16: 16}
@@ -85,8 +85,8 @@ def holds_plain(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a dense matrix of this dtype is best held plain [N, K] for `linear_cpu` rather than in a
     torch-specific layout, on the CPU where a compiled variant is selected: float32 with one torch
     thread (with more threads the oneDNN-packed layout measured as fast or faster); bfloat16 where the
-    variant has bfloat16 dot products (`bf16_dot`; prefill's GEMMs on a plain matrix then run within
-    10% of the packed layout from 128 rows)."""
+    variant has bfloat16 dot products (`bf16_dot`; prefill's GEMMs on a plain matrix then run
+    1.1-1.16x slower than on the packed layout at 128 rows, within 6% at 512)."""
     if device.type != "cpu":
         return False
     variant = selected_variant()
