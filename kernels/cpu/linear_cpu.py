@@ -22,7 +22,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 # Rows up to which the compiled kernels take x @ w.T, by weight dtype: float32 read 1.3-2.3x faster
 # than MKL's [in, out] layout up to 16 rows with one thread; bfloat16 on bfloat16 dot products
 # (AVX512-BF16, `bf16_dot`) reads a plain matrix at 0.95-1.3x oneDNN's packed layout up to 8 rows
-# and at 0.8-0.95x of it at 16, and 1.3-1.5x faster than torch on a plain matrix there; without
+# and at 0.8-0.95x of it at 16, and 1.15-1.5x faster than torch on the plain LM head there; without
 # them bfloat16 only matches the packed layout at one row (docs/benchmarks.md). Above these (prefill)
 # torch's GEMMs run.
 MAX_ROWS = {torch.float32: 16, torch.bfloat16: 16}
