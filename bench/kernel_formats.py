@@ -2,13 +2,16 @@
 
   python bench/kernel_formats.py [--experts 64] [--top-k 8] [--hidden 1024] [--intermediate 384]
                                  [--tokens 1,4,16,64] [--dtype bfloat16,float32] [--repeat 20]
-                                 [--torch-repeat 3] [--threads N] [--device cpu|cuda]
+                                 [--torch-repeat 3] [--threads N] [--device cpu|cuda] [--layers 1]
 
 Prints (1) bits per weight of every format, and (2) for each batch of tokens (each token routed to
 --top-k of --experts experts, a fresh routing per call, so that the weights come from memory as in a
 decode step) the time of one `kernels.moe_mlp` call per format and compute dtype, and the achieved
 GB/s of weight traffic (stored bytes of the experts the call selects / time) next to the machine's
-copy bandwidth (bytes read + written per second by a large tensor copy). On CPU the compiled kernels
+copy bandwidth (bytes read + written per second by a large tensor copy). --layers L holds L copies of
+the experts and cycles the calls through them, as a decode step goes through its layers: with one
+copy the few experts several routings share can stay in the last-level cache between calls, with
+enough copies (their bytes well past that cache) every call reads its experts from memory. On CPU the compiled kernels
 (kernels.cpu, the variant named in the header) and the torch path (dequantize, then grouped matmuls)
 run side by side; on CUDA the Triton kernels. All numbers come from one run on this machine: the
 fastest of --repeat calls (a shared machine slows some calls, never speeds any up).
@@ -18,6 +21,7 @@ Shape legend: E experts, H hidden, I intermediate, T tokens per call, G experts 
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -84,7 +88,10 @@ def main(argv=None) -> None:
     ap.add_argument("--torch-repeat", type=int, default=3, help="calls of the (slow) torch path on CPU")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--layers", type=int, default=1, help="copies of the experts the calls cycle through (see above)")
     args = ap.parse_args(argv)
+    if args.layers < 1:
+        ap.error(f"--layers must be >= 1, got {args.layers}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     e, h, i, k = args.experts, args.hidden, args.intermediate, args.top_k
@@ -95,7 +102,8 @@ def main(argv=None) -> None:
     variant = selected_variant() if cpu else None
     backends = (["cpu"] if variant else []) + ["torch"] if cpu else ["triton"]
 
-    print(f"experts E={e} top-k={k} hidden H={h} intermediate I={i} device={args.device} threads={torch.get_num_threads()}")
+    print(f"experts E={e} top-k={k} hidden H={h} intermediate I={i} device={args.device} threads={torch.get_num_threads()} "
+          f"layers={args.layers}")
     if cpu:
         print(f"compiled CPU kernel variant: {variant or 'none (torch path only)'}")
     print("\nbytes per weight (weights + scales)")
@@ -113,8 +121,9 @@ def main(argv=None) -> None:
     for dtype_name in args.dtype.split(","):
         dtype = getattr(torch, dtype_name)
         for f in FORMATS:
-            w = stored_weights(dense, f, dtype).to(args.device)
-            per_expert = w.nbytes / e
+            w0 = stored_weights(dense, f, dtype).to(args.device)
+            layers = [w0] + [copy.deepcopy(w0) for _ in range(args.layers - 1)]  # L copies of the experts
+            per_expert = w0.nbytes / e
             for t in (int(v) for v in args.tokens.split(",")):
                 calls = [routing(t, e, k, seed, args.device) for seed in range(ROUTINGS)]
                 xs = torch.randn(t, h, device=args.device).to(dtype)
@@ -123,7 +132,9 @@ def main(argv=None) -> None:
                 times = {}
                 for b in backends:
                     repeat = args.torch_repeat if b == "torch" else args.repeat
-                    times[b] = fastest(lambda *r, b=b: moe_mlp(xs, *r, w, backend=b), calls, repeat, args.device)
+                    # call i: routing i % ROUTINGS on copy i % L
+                    calls_l = [(*calls[i % len(calls)], layers[i % len(layers)]) for i in range(max(len(calls), len(layers)))]
+                    times[b] = fastest(lambda *r, b=b: moe_mlp(xs, *r, backend=b), calls_l, repeat, args.device)
                     gbs = g * per_expert / times[b] / 1e9
                     line += f"{times[b] * 1e3:>12.3f}{gbs:>13.1f}{100 * gbs / copy_gbs:>7.0f}"
                 if len(backends) > 1:

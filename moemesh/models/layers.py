@@ -15,6 +15,7 @@ from kernels.cpu.linear_cpu import holds_plain, linear_cpu_variant, quantized_li
 from kernels.cpu.variant import selected_variant
 from kernels.experts import QUANTIZED_TYPES
 from kernels.formats import FP8BlockExperts, cat_fp8_rows
+from kernels.hugepages import huge_page_copy
 from kernels.prepare import prepare_dense
 
 
@@ -102,7 +103,8 @@ def matmul_layout(w, pack: bool = True, dense_dtype: str | None = None):
       (an `FP8BlockExperts` read from a BlockwiseFP8 checkpoint), on any device;
     - plain [out, in] contiguous where the compiled CPU kernels read it faster at decode sizes
       (`kernels.cpu.linear_cpu.holds_plain`): float32 with one torch thread (faster than [in, out] for
-      MKL), bfloat16 where they multiply in bfloat16 dot products (AVX512-BF16);
+      MKL), bfloat16 where they multiply in bfloat16 dot products (AVX512-BF16); in 2 MiB pages
+      where the system has them (`kernels.hugepages.huge_page_copy`: a decode step streams the matrix);
     - packed by oneDNN (`packed_for_linear`) where that applies: other bfloat16, float32 when torch
       runs 2 or more intra-op threads (only `linear` can use a packed tensor, so pack=False where the
       tensor is also indexed);
@@ -117,7 +119,7 @@ def matmul_layout(w, pack: bool = True, dense_dtype: str | None = None):
     if w.device.type != "cpu" or w.dim() != 2:
         return w
     if holds_plain(w.dtype, w.device):
-        return w.contiguous()
+        return huge_page_copy(w.contiguous())
     packed = packed_for_linear(w) if pack else None
     if packed is not None:
         return packed

@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from kernels import hugepages
+from kernels.hugepages import HUGE_PAGE
 from kernels.cpu.linear_cpu import (
     MAX_ROWS, MAX_ROWS_BF16_WIDENED, bf16_dot, holds_plain, linear_cpu, linear_cpu_variant, max_rows,
 )
@@ -90,3 +92,19 @@ def test_bfloat16_without_bfloat16_dot_products_takes_one_row():
     assert not bf16_dot("avx2")
     assert max_rows(torch.bfloat16, "avx2") == MAX_ROWS_BF16_WIDENED == 1
     assert max_rows(torch.float32, "avx2") == MAX_ROWS[torch.float32]
+
+
+def test_a_plain_held_matrix_of_2_mib_or_more_moves_into_huge_page_memory(threads):
+    """Where the compiled kernels read a matrix plain, matmul_layout hands them a copy in 2 MiB-page
+    memory (kernels.cpu.huge_pages) when it is large enough and the system has them; smaller ones stay."""
+    threads(1)  # float32 is held plain with one thread where a compiled variant runs
+    if selected_variant() is None:
+        pytest.skip("no compiled CPU kernel variant here: matrices are not held plain")
+    big, small = torch.randn(1024, HUGE_PAGE // 4096), torch.randn(64, 32)
+    held_big, held_small = matmul_layout(big), matmul_layout(small)
+    assert torch.equal(held_big, big) and torch.equal(held_small, small)
+    assert (held_big.data_ptr() != big.data_ptr()) == (hugepages._madvise() is not None)
+    assert held_big.data_ptr() % HUGE_PAGE == 0 or hugepages._madvise() is None
+    assert held_small.data_ptr() == small.data_ptr()
+    x = torch.randn(2, big.shape[1])
+    torch.testing.assert_close(linear(x, held_big).double(), x.double() @ big.double().t(), rtol=1e-4, atol=1e-4)  # float32 sums of 512
