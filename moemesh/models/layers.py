@@ -4,6 +4,7 @@ Shape legend: T tokens, H hidden, D head dim, NH heads, I intermediate, P positi
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -100,11 +101,12 @@ def matmul_layout(w, pack: bool = True, dense_dtype: str | None = None):
     """w [out, in] -> the same values held as suits `linear(x, w)` best on the CPU:
     - with dense_dtype (see `kernels.prepare.prepare_dense`; "fp8": BlockwiseFP8 128x128 blocks, one
       matrix [1, out, in]) quantized into that format, or kept as stored where w comes quantized in it
-      (an `FP8BlockExperts` read from a BlockwiseFP8 checkpoint), on any device;
+      (an `FP8BlockExperts` read from a BlockwiseFP8 checkpoint), on any device (its bytes in 2 MiB
+      pages on the CPU: `streamed`);
     - plain [out, in] contiguous where the compiled CPU kernels read it faster at decode sizes
       (`kernels.cpu.linear_cpu.holds_plain`): float32 with one torch thread (faster than [in, out] for
       MKL), bfloat16 where they multiply in bfloat16 dot products (AVX512-BF16); in 2 MiB pages
-      where the system has them (`kernels.hugepages.huge_page_copy`: a decode step streams the matrix);
+      where the system has them (`streamed`);
     - packed by oneDNN (`packed_for_linear`) where that applies: other bfloat16, float32 when torch
       runs 2 or more intra-op threads (only `linear` can use a packed tensor, so pack=False where the
       tensor is also indexed);
@@ -113,19 +115,29 @@ def matmul_layout(w, pack: bool = True, dense_dtype: str | None = None):
     - anything else is returned as is.
     A quantized w without dense_dtype (a stored FP8 matrix the caller did not dequantize) is kept as is."""
     if dense_dtype is not None:
-        return prepare_dense(w, dense_dtype)
+        return streamed(prepare_dense(w, dense_dtype))
     if isinstance(w, QUANTIZED_TYPES):
         return w
     if w.device.type != "cpu" or w.dim() != 2:
         return w
     if holds_plain(w.dtype, w.device):
-        return huge_page_copy(w.contiguous())
+        return streamed(w.contiguous())
     packed = packed_for_linear(w) if pack else None
     if packed is not None:
         return packed
     if w.dtype == torch.float32:
         return w.t().contiguous().t()
     return w
+
+
+def streamed(w):
+    """A matrix each decode step reads in full, from memory (held plain, or BlockwiseFP8 [1, out, in]),
+    with its bytes moved into 2 MiB pages where the system has them (`kernels.hugepages.huge_page_copy`:
+    fewer TLB misses, no prefetch stop every 4 KiB; the sparse shape's decode steps 1.5-6% faster,
+    docs/benchmarks.md); anything else, or where that does not apply, as is."""
+    if isinstance(w, FP8BlockExperts):
+        return dataclasses.replace(w, weight=huge_page_copy(w.weight))
+    return huge_page_copy(w) if isinstance(w, Tensor) else w
 
 
 def packed_for_linear(w: Tensor) -> Tensor | None:

@@ -7,6 +7,7 @@ from kernels.cpu.linear_cpu import (
     MAX_ROWS, MAX_ROWS_BF16_WIDENED, bf16_dot, holds_plain, linear_cpu, linear_cpu_variant, max_rows,
 )
 from kernels.cpu.variant import VARIANT_ENV, available_variants, selected_variant
+from kernels.prepare import prepare_dense
 from moemesh.models.layers import linear, matmul_layout
 
 
@@ -108,3 +109,15 @@ def test_a_plain_held_matrix_of_2_mib_or_more_moves_into_huge_page_memory(thread
     assert held_small.data_ptr() == small.data_ptr()
     x = torch.randn(2, big.shape[1])
     torch.testing.assert_close(linear(x, held_big).double(), x.double() @ big.double().t(), rtol=1e-4, atol=1e-4)  # float32 sums of 512
+
+
+def test_a_blockwise_fp8_dense_matrix_keeps_its_bytes_in_huge_page_memory():
+    """dense_dtype "fp8": the quantized matrix's bytes go into 2 MiB pages too (its scales are small)."""
+    w = torch.randn(2048, 1024) * 0.02  # 2 MiB of float8 once quantized
+    held = matmul_layout(w, dense_dtype="fp8")
+    reference = prepare_dense(w, "fp8")
+    assert torch.equal(held.weight.view(torch.uint8), reference.weight.view(torch.uint8)) and torch.equal(held.scale, reference.scale)
+    if hugepages._madvise() is not None:
+        assert held.weight.data_ptr() % HUGE_PAGE == 0
+    x = torch.randn(3, 1024)
+    torch.testing.assert_close(linear(x, held), linear(x, reference))
