@@ -25,7 +25,7 @@ For each compute dtype of --dtypes it prints:
      attention; LM head; see bench/traffic.py) and the GB/s the engine achieved, next to the copy
      bandwidth measured at the start;
   3. the engine's memory: checkpoint bytes on disk, load time (`LLMEngine(...)` in a fresh process,
-     checkpoint in the page cache after the first load), peak RSS and its ratio to the checkpoint,
+     started before this process loads the transformers model), peak RSS and its ratio to the checkpoint,
      resident anonymous vs file-backed bytes after decoding (targets of issue 12 for bf16: peak RSS
      <= 1.3x the checkpoint, load <= 5 s);
   4. one row per --experts-dtypes format (`EngineConfig.experts_dtype`, quantized on load): load
@@ -229,9 +229,11 @@ def bench_dtype(cfg: BenchConfig, model_dir: Path, dtype_name: str, limit_gbs: f
     many = prompts(cfg.concurrent, cfg.prompt_len, mcfg.vocab_size)
     n = cfg.concurrent
 
-    hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    hf_rate = {"transformers": lambda batch, new: hf_decode_rate(hf, batch, new)}
+    # The engine loads first, while this process holds nothing else: with the transformers model
+    # already held here its load measured 8-11 s against 1.5-2.5 s alone (docs/benchmarks.md).
     with torch.inference_mode(), EngineProcess(engine_config(cfg, model_dir, dtype_name, None)) as engine:
+        hf = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        hf_rate = {"transformers": lambda batch, new: hf_decode_rate(hf, batch, new)}
         run, rivals = measure_engine(cfg, engine, one, many, hf_rate)
     del hf, hf_rate
     gc.collect()
