@@ -54,6 +54,12 @@ def _madvise():
     return fn
 
 
+def available() -> bool:
+    """Whether this system turns transparent huge pages on for memory advised MADV_HUGEPAGE (Linux,
+    not "never"): where not, `huge_page_copy` and `to_huge_pages` leave memory as it is."""
+    return _madvise() is not None
+
+
 def huge_range(t: torch.Tensor) -> tuple[int, int] | None:
     """(address, length) of the 2 MiB-aligned part of t's storage bytes, or None when it holds no
     whole huge page."""

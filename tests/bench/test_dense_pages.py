@@ -15,7 +15,7 @@ def test_runs_both_sides_and_reports_the_huge_page_memory(tiny_shape_dir, capsys
     assert out["4k_ms"] > 0 and out["2m_ms"] > 0
     printed = capsys.readouterr().out
     assert "2 MiB / 4 KiB" in printed and "3 steps each" in printed
-    if hugepages._madvise() is not None and holds_plain(torch.bfloat16, torch.device("cpu")):
+    if hugepages.available() and holds_plain(torch.bfloat16, torch.device("cpu")):
         # held plain, the tiny shape's LM head (49152 x 64 bfloat16, 6 MiB) is copied into huge pages
         assert out["huge_bytes"] > 0
 

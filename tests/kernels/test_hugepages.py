@@ -9,7 +9,7 @@ import torch
 from kernels import ExpertWeights, hugepages, prepare_experts
 from kernels.hugepages import HUGE_PAGE, experts_in_huge_pages, huge_page_copy, huge_range, to_huge_pages, weight_tensors
 
-THP = hugepages._madvise() is not None
+THP = hugepages.available()
 
 
 def vm_flags(address: int) -> list[str]:

@@ -104,8 +104,8 @@ def test_a_plain_held_matrix_of_2_mib_or_more_moves_into_huge_page_memory(thread
     big, small = torch.randn(1024, HUGE_PAGE // 4096), torch.randn(64, 32)
     held_big, held_small = matmul_layout(big), matmul_layout(small)
     assert torch.equal(held_big, big) and torch.equal(held_small, small)
-    assert (held_big.data_ptr() != big.data_ptr()) == (hugepages._madvise() is not None)
-    assert held_big.data_ptr() % HUGE_PAGE == 0 or hugepages._madvise() is None
+    assert (held_big.data_ptr() != big.data_ptr()) == (hugepages.available())
+    assert held_big.data_ptr() % HUGE_PAGE == 0 or not hugepages.available()
     assert held_small.data_ptr() == small.data_ptr()
     x = torch.randn(2, big.shape[1])
     torch.testing.assert_close(linear(x, held_big).double(), x.double() @ big.double().t(), rtol=1e-4, atol=1e-4)  # float32 sums of 512
@@ -117,7 +117,7 @@ def test_a_blockwise_fp8_dense_matrix_keeps_its_bytes_in_huge_page_memory():
     held = matmul_layout(w, dense_dtype="fp8")
     reference = prepare_dense(w, "fp8")
     assert torch.equal(held.weight.view(torch.uint8), reference.weight.view(torch.uint8)) and torch.equal(held.scale, reference.scale)
-    if hugepages._madvise() is not None:
+    if hugepages.available():
         assert held.weight.data_ptr() % HUGE_PAGE == 0
     x = torch.randn(3, 1024)
     torch.testing.assert_close(linear(x, held), linear(x, reference))
