@@ -35,8 +35,8 @@ log = logging.getLogger("kernels.cpu")
 
 NAME = "moemesh_cpu_kernels"
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("moe_cpu.cpp", "isa_avx512.cpp", "isa_avx2.cpp", "step_ops.cpp", "quantize_cpu.cpp")
-HEADERS = ("api.h", "kernel_impl.h", "attention_impl.h")
+SOURCES = ("moe_cpu.cpp", "isa_avx512.cpp", "isa_avx2.cpp", "step_ops.cpp", "decode_layer.cpp", "quantize_cpu.cpp")
+HEADERS = ("api.h", "ops.h", "kernel_impl.h", "attention_impl.h")
 # -fopenmp: ATen's parallel_for (the kernels' thread split) is an OpenMP region only where _OPENMP is
 # defined; without it every call runs on the calling thread alone. The library then needs
 # libgomp.so.1, which resolves to the copy torch has already loaded (same soname): one thread pool,

@@ -114,11 +114,31 @@ def linear_cpu(x: Tensor, w, variant: str | None = None) -> Tensor:
     return run_linear(x, w, chosen)
 
 
+def kernel_args(w, dtype: torch.dtype, variant: str) -> tuple[tuple, int] | None:
+    """A matrix as `layers.linear` holds it -> (the kernels' (ints, data, scale, scale2) view of it, the
+    most activation rows of `dtype` they take it for on `variant`), or None where `linear` would not run
+    it on them: w plain [N, K] of dtype on the CPU with unit stride along K (MAX_ROWS), or one quantized
+    matrix [1, N, K] in a layout they read (MAX_QUANTIZED_ROWS)."""
+    if isinstance(w, QUANTIZED_TYPES):
+        args = projection_args(w) if w.shape[0] == 1 and w.device.type == "cpu" else None
+        return (args, MAX_QUANTIZED_ROWS) if args is not None else None
+    if not isinstance(w, Tensor) or w.dim() != 2 or w.dtype != dtype or dtype not in DTYPES:
+        return None
+    if w.device.type != "cpu" or w.is_mkldnn or w.stride(-1) != 1:
+        return None
+    return _plain_args(w), max_rows(dtype, variant)
+
+
+def _plain_args(w: Tensor) -> tuple:
+    """A plain [N, K] matrix handed over as is, its format code from the dtype."""
+    return [_INTS.get(w.dtype, -1), w.shape[-1], 1, 1, 1, 1], w, _EMPTY, _EMPTY
+
+
 def run_linear(x: Tensor, w, variant: str, args: tuple | None = None) -> Tensor:
     """`linear_cpu` on a variant already chosen (the extension checks shapes and dtypes); args: a
     quantized w's view from `quantized_linear_args`, when the caller has it."""
-    if isinstance(w, Tensor):  # [N, K]: handed over as is, its format code from the dtype
-        args = ([_INTS.get(w.dtype, -1), w.shape[-1], 1, 1, 1, 1], w, _EMPTY, _EMPTY)
+    if isinstance(w, Tensor):  # [N, K]
+        args = _plain_args(w)
     elif args is None:
         args = projection_args(w)  # [1, N, K] stored bytes, scales
     out = extension().linear(x.contiguous(), *args, variant)  # [M, N] float32

@@ -1,6 +1,7 @@
 """The decode step's small operations on the compiled CPU kernels (kernels/cpu/csrc/step_ops.cpp):
 RMSNorm (after the residual add), the per-head q/k RMSNorm with rope, decode attention over the paged
-KV cache, the softmax top-k routing plan.
+KV cache, the softmax top-k routing plan; and a decoder layer's whole attention half of a decode step
+(those operations and its projections) in one call (`decode_layer`, kernels/cpu/csrc/decode_layer.cpp).
 
 Each is one compiled call where the torch code it replaces dispatches several ops; the numbers agree
 with that code to float rounding (same rounding points, float32 sums in another order). Each returns
@@ -12,12 +13,14 @@ G experts that receive rows.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 from torch import Tensor
 
 from kernels.cpu.build import extension
+from kernels.cpu.linear_cpu import kernel_args
 from kernels.cpu.variant import selected_variant
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -60,13 +63,14 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tup
     return ext.add_rms_norm(x, residual, weight, eps)
 
 
-def qk_norm_rope(heads: Tensor, weight: Tensor, eps: float, cos: Tensor, sin_signed: Tensor) -> Tensor | None:
-    """heads [T, R, D] -> [T, R, D] contiguous: rms_norm with weight [R, D], then
+def qk_norm_rope(heads: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin_signed: Tensor) -> Tensor | None:
+    """heads [T, R, D] -> [T, R, D] contiguous: rms_norm with weight [R, D] (weight None: no norm), then
     moemesh.models.layers.apply_rope_signed with cos / sin_signed [T, 1, D] (heads' dtype).
     None where it does not run."""
     ext = _ext_for(heads)
     if (
-        ext is None or heads.dim() != 3 or heads.shape[-1] % 2 or not _reads_rows(heads, weight)
+        ext is None or heads.dim() != 3 or heads.shape[-1] % 2 or heads.stride(-1) != 1
+        or (weight is not None and not _reads_rows(heads, weight))
         or cos.dtype != heads.dtype or sin_signed.dtype != heads.dtype
         or cos.stride(-1) != 1 or sin_signed.stride(-1) != 1
     ):
@@ -101,3 +105,62 @@ def route_topk(router_logits: Tensor, top_k: int, normalize: bool) -> tuple[Tens
     if ext is None or router_logits.dim() != 2:
         return None
     return ext.route_topk(router_logits, top_k, normalize)
+
+
+@dataclass(frozen=True)
+class DecodeLayer:
+    """One decoder layer's attention-half weights handed to the compiled kernels once (`decode_layer_weights`):
+    the extension's handle, the compute dtype and variant they were held for, and the most decoding
+    rows its projections run on the kernels (more: the caller's own path, which then runs torch's GEMMs)."""
+
+    handle: object
+    dtype: torch.dtype
+    variant: str
+    max_rows: int
+
+
+def decode_layer_weights(
+    input_norm: Tensor, post_norm: Tensor, qkv, o, router, qkv_bias: Tensor | None, qk_norm: Tensor | None,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float, qk_eps: float,
+) -> DecodeLayer | None:
+    """The layer's weights as the decoder holds them (norms [H] of the compute dtype; qkv [(NH+2KVH)*D, H],
+    o [H, NH*D] and router [E, H] (None: a dense layer) as `moemesh.models.layers.linear` takes them;
+    qkv_bias [(NH+2KVH)*D] or None; qk_norm [NH+KVH, D] or None) -> a `DecodeLayer` for `decode_layer`,
+    or None where the compiled kernels do not read them all (no variant selected, a oneDNN-packed
+    matrix, another device or dtype): the caller then runs its own ops."""
+    ext = _ext_for(input_norm)
+    if ext is None or input_norm.dim() != 1 or post_norm.dtype != input_norm.dtype:
+        return None
+    dtype, variant = input_norm.dtype, selected_variant()
+    views = [kernel_args(w, dtype, variant) for w in (qkv, o)]
+    if router is not None:
+        views.append(kernel_args(router, dtype, variant))
+    small = [t for t in (qkv_bias, qk_norm) if t is not None]
+    if any(v is None for v in views) or any(t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous() for t in small):
+        return None
+    handle = ext.DecodeLayer(
+        input_norm.contiguous(), post_norm.contiguous(), views[0][0], views[1][0], views[2][0] if router is not None else None,
+        qkv_bias, qk_norm, num_heads, num_kv_heads, head_dim, eps, qk_eps,
+    )
+    return DecodeLayer(handle, dtype, variant, min(v[1] for v in views))
+
+
+def decode_layer(
+    layer: DecodeLayer, x: Tensor, residual: Tensor | None, cos: Tensor, sin_signed: Tensor, k_cache: Tensor,
+    v_cache: Tensor, slots: Tensor, tables: Tensor, mask: Tensor, top_k: int, normalize: bool,
+) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor] | None] | None:
+    """A decode step's attention half of one layer, for T <= layer.max_rows decoding tokens (one per
+    sequence): x [T, H] the residual stream, residual [T, H] the previous layer's MLP output (None for the
+    first layer), cos / sin_signed [T, 1, D] (`rope_for_step`), the KV cache, slots, tables and mask as
+    `decode_attention` takes them; top_k 0: no routing -> (x + residual, h [T, H] the post-attention
+    norm of x + residual + attention, and with top_k > 0 the dropless plan `route_topk` gives for the
+    router's logits of h, else None). The decoder's own ops compute the same values
+    (moemesh.models.decoder.MoeDecoderLM.forward_stages). None where it does not run (another dtype or
+    variant than the layer was held for, more rows): the caller then runs those ops."""
+    if x.dtype != layer.dtype or x.dim() != 2 or x.shape[0] > layer.max_rows or selected_variant() != layer.variant:
+        return None
+    x, h, token_idx, weights, expert_ids, counts = extension().decode_layer(
+        layer.handle, x.contiguous(), residual, cos, sin_signed, k_cache, v_cache, slots, tables, mask, top_k, normalize,
+        layer.variant,
+    )
+    return x, h, ((token_idx, weights, expert_ids, counts) if top_k else None)

@@ -25,8 +25,9 @@ from moemesh.models.layers import (
     rope_for_step, silu_mlp,
 )
 from kernels.cpu.linear_cpu import holds_plain
+from kernels.cpu.step_ops import DecodeLayer, decode_layer, decode_layer_weights
 from kernels.prepare import check_dense_dtype
-from moemesh.moe.dispatch import route
+from moemesh.moe.dispatch import DispatchPlan, route
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
@@ -49,6 +50,9 @@ class DecoderLayer:
     router: Tensor | None  # [E, H] for MoE layers
     mlp_gate_up: Tensor | None  # [2I, H] for dense layers (or as `matmul_layout` holds it)
     mlp_down: Tensor | None  # [H, I] for dense layers (or as `matmul_layout` holds it)
+    # the same weights handed to the compiled kernels' one-call attention half of a decode step
+    # (`kernels.cpu.step_ops.decode_layer`), where they read them all
+    fused: DecodeLayer | None = None
 
 
 class MoeDecoderLM:
@@ -131,14 +135,12 @@ class MoeDecoderLM:
             )
             gate_up = matmul_layout(gate_up, dense_dtype=fmt)
             down = matmul_layout(reader.get(f"{m}.down_proj.weight", shape=(h, i), dtype=dt), dense_dtype=fmt)
-        return DecoderLayer(
-            input_norm=reader.get(f"{p}.input_layernorm.weight", shape=(h,), dtype=dt),
-            attn=attn,
-            post_norm=reader.get(f"{p}.post_attention_layernorm.weight", shape=(h,), dtype=dt),
-            router=router,
-            mlp_gate_up=gate_up,
-            mlp_down=down,
+        input_norm = reader.get(f"{p}.input_layernorm.weight", shape=(h,), dtype=dt)
+        post_norm = reader.get(f"{p}.post_attention_layernorm.weight", shape=(h,), dtype=dt)
+        fused = decode_layer_weights(
+            input_norm, post_norm, attn.qkv, attn.o, router, attn.qkv_bias, attn.qk_norm, nh, kvh, d, cfg.rms_norm_eps, attn.norm_eps,
         )
+        return DecoderLayer(input_norm, attn, post_norm, router, gate_up, down, fused)
 
     def weight_bytes(self) -> int:
         """Bytes of non-expert weights read per decode step (embedding rows excluded, LM head included)."""
@@ -162,18 +164,30 @@ class MoeDecoderLM:
         x = self.embed[meta.input_ids]  # [T, H]
         rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # shared by every layer
         mlp_out = None  # [T, H] the previous layer's MLP output, added to x together with the next norm
+        decoding = 0 < meta.num_decode == meta.num_tokens and not meta.chunks  # one token per sequence, each after its cache
         for idx, lyr in enumerate(self.layers):
-            if mlp_out is None:
-                h = rms_norm(x, lyr.input_norm, eps)
-            else:
-                x, h = add_rms_norm(x, mlp_out, lyr.input_norm, eps)
             k_cache, v_cache = kv_caches[idx]
-            x, h = add_rms_norm(x, attention(h, lyr.attn, meta, self.rope, k_cache, v_cache, rope_cs), lyr.post_norm, eps)
+            lk = knobs.for_layer(idx) if lyr.router is not None else None
+            top_k = (lk.top_k or cfg.top_k) if lk is not None else 0
+            routes_here = lk is not None and lk.capacity_factor == 0 and top_k < cfg.num_experts  # route's compiled plan
+            fused = None
+            if decoding and lyr.fused is not None:
+                fused = decode_layer(
+                    lyr.fused, x, mlp_out, *rope_cs, k_cache, v_cache, meta.slot_mapping, meta.decode_block_tables,
+                    meta.decode_mask, top_k if routes_here else 0, cfg.norm_topk_prob,
+                )
+            if fused is not None:
+                x, h, made = fused
+            else:
+                x, h = self._attention_half(lyr, x, mlp_out, meta, k_cache, v_cache, rope_cs)
+                made = None
             if lyr.router is None:
                 mlp_out = silu_mlp(h, lyr.mlp_gate_up, lyr.mlp_down)
                 continue
-            lk = knobs.for_layer(idx)
-            plan = route(linear(h, lyr.router), lk.top_k or cfg.top_k, cfg.norm_topk_prob, cfg.num_experts, lk.capacity_factor)
+            if made is not None:
+                plan = DispatchPlan(*made, capacity=None, dropped=0)
+            else:
+                plan = route(linear(h, lyr.router), top_k, cfg.norm_topk_prob, cfg.num_experts, lk.capacity_factor)
             submitted = experts.submit(idx, h, plan)
             yield
             mlp_out = expert_output(submitted)  # [T, H]
@@ -181,6 +195,20 @@ class MoeDecoderLM:
             x = x + mlp_out
         h = rms_norm(x[meta.logits_idx], self.norm, eps)  # [R, H]
         return linear(h, self.lm_head).float()  # [R, V]
+
+    def _attention_half(
+        self, lyr: DecoderLayer, x: Tensor, mlp_out: Tensor | None, meta: BatchMeta, k_cache: Tensor, v_cache: Tensor,
+        rope_cs: tuple[Tensor, Tensor],
+    ) -> tuple[Tensor, Tensor]:
+        """x [T, H] the residual stream, mlp_out [T, H] the previous layer's MLP output (None for the first
+        layer) -> (x + mlp_out + attention [T, H], its post-attention norm h [T, H]), op by op
+        (`kernels.cpu.step_ops.decode_layer` computes the same in one call on a decode step)."""
+        eps = self.cfg.rms_norm_eps
+        if mlp_out is None:
+            h = rms_norm(x, lyr.input_norm, eps)
+        else:
+            x, h = add_rms_norm(x, mlp_out, lyr.input_norm, eps)
+        return add_rms_norm(x, attention(h, lyr.attn, meta, self.rope, k_cache, v_cache, rope_cs), lyr.post_norm, eps)
 
     def forward(self, meta: BatchMeta, kv_caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:
         """Runs forward_stages to the end (one micro-batch); returns logits [R, V]."""

@@ -46,10 +46,10 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tup
 def norm_rope(heads: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """heads [T, NH, D] -> [T, NH, D]: the per-head RMSNorm (weight [NH, D] or [D]; None: no norm),
     then `apply_rope_signed`; one compiled call on the CPU where `kernels.cpu.step_ops` runs it."""
+    out = step_ops.qk_norm_rope(heads, weight, eps, cos, sin_signed)
+    if out is not None:
+        return out
     if weight is not None:
-        out = step_ops.qk_norm_rope(heads, weight, eps, cos, sin_signed)
-        if out is not None:
-            return out
         heads = rms_norm(heads, weight, eps)
     return apply_rope_signed(heads, cos, sin_signed)
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "api.h"
+#include "ops.h"
 
 namespace moemesh_cpu {
 namespace {
@@ -279,6 +280,8 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   return out.to(x.scalar_type());
 }
 
+}  // namespace
+
 // x [M, K] float32/bfloat16 contiguous; one projection W [N, K] in any stored format, given as the
 // experts' are (ints, data, scale, scale2; see weights_of) for one "expert": data [N, ...] or
 // [1, N, ...], scale [1, *, *] (or empty), scale2 [1, S] (or empty) -> [M, N] float32 = x @ W.T.
@@ -329,6 +332,8 @@ at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const a
   return out;
 }
 
+namespace {
+
 // How many threads one at::parallel_for region of `items` items (grain 1) runs on: torch's intra-op
 // thread count when the library was built with OpenMP (build.py), 1 where it was not.
 int64_t parallel_threads(int64_t items) {
@@ -354,6 +359,7 @@ std::vector<std::string> variants() {
 bool supports_variant(const std::string& variant) { return supports(variant); }
 
 void bind_step_ops(pybind11::module_& m);  // step_ops.cpp
+void bind_decode_layer(pybind11::module_& m);  // decode_layer.cpp
 void bind_quantize(pybind11::module_& m);  // quantize_cpu.cpp
 }  // namespace moemesh_cpu
 
@@ -368,5 +374,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &moemesh_cpu::linear, "x @ W.T for one matrix W in any stored format, as float32",
         py::call_guard<py::gil_scoped_release>());
   moemesh_cpu::bind_step_ops(m);
+  moemesh_cpu::bind_decode_layer(m);
   moemesh_cpu::bind_quantize(m);
 }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "api.h"
+#include "ops.h"
 
 #ifdef MOEMESH_X86_KERNELS
 #define MOEMESH_STEP_OPS_CLONES 1
@@ -98,6 +99,8 @@ void check_weight(const at::Tensor& w, const at::Tensor& x, const Rows& r) {
               "weight: expected [", r.d, "] or [", r.b, ", ", r.d, "], got ", w.sizes());
 }
 
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_rows(x, "x");
   const Rows r = rows_of(x);
@@ -147,17 +150,19 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   return {sum, out};
 }
 
-// heads [T, R, D] (unit stride along D) -> [T, R, D]: per-row RMSNorm with weight [R, D], then the
-// rotary embedding as moemesh/models/layers.apply_rope_signed computes it:
+// heads [T, R, D] (unit stride along D) -> [T, R, D]: per-row RMSNorm with weight [R, D] (or [D]; no
+// norm where w is absent: n = the row as is), then the rotary embedding as
+// moemesh/models/layers.apply_rope_signed computes it:
 //   out[i] = round(round(n[i] * cos[i]) + round(n[(i + D/2) % D] * sin_signed[i]))
 // cos, sin_signed [T, D] or [T, 1, D] in the dtype of heads (one row per token, shared by its R rows).
-at::Tensor qk_norm_rope(const at::Tensor& heads, const at::Tensor& w, const at::Tensor& cos, const at::Tensor& sin_signed,
-                        double eps) {
+at::Tensor qk_norm_rope(const at::Tensor& heads, const std::optional<at::Tensor>& weight, const at::Tensor& cos,
+                        const at::Tensor& sin_signed, double eps) {
   check_rows(heads, "heads");
   TORCH_CHECK(heads.dim() == 3, "heads: expected [T, R, D], got ", heads.sizes());
   const Rows r = rows_of(heads);
   TORCH_CHECK(r.d % 2 == 0, "heads: D must be even, got ", r.d);
-  check_weight(w, heads, r);
+  const bool normed = weight.has_value() && weight->defined();
+  if (normed) check_weight(*weight, heads, r);
   for (const at::Tensor* t : {&cos, &sin_signed}) {
     TORCH_CHECK(t->scalar_type() == heads.scalar_type() && t->dim() >= 2 && t->size(0) == r.a && t->size(-1) == r.d &&
                     t->numel() == r.a * r.d && t->stride(-1) == 1 && t->device().is_cpu(),
@@ -165,10 +170,11 @@ at::Tensor qk_norm_rope(const at::Tensor& heads, const at::Tensor& w, const at::
                 " with unit stride along D, got ", t->sizes(), " ", t->scalar_type());
   }
   at::Tensor out = at::empty(heads.sizes(), heads.options());
-  const int64_t d = r.d, half = d / 2, wstride = w.dim() == 2 ? d : 0, sc = cos.stride(0), ss = sin_signed.stride(0);
+  const int64_t d = r.d, half = d / 2, wstride = normed && weight->dim() == 2 ? d : 0;
+  const int64_t sc = cos.stride(0), ss = sin_signed.stride(0);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, heads.scalar_type(), "qk_norm_rope", [&] {
     const scalar_t* hp = heads.data_ptr<scalar_t>();
-    const scalar_t* wp = w.data_ptr<scalar_t>();
+    const scalar_t* wp = normed ? weight->data_ptr<scalar_t>() : nullptr;
     const scalar_t* cp = cos.data_ptr<scalar_t>();
     const scalar_t* sp = sin_signed.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
@@ -177,9 +183,13 @@ at::Tensor qk_norm_rope(const at::Tensor& heads, const at::Tensor& w, const at::
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t t = i / r.b, b = i % r.b;
         const scalar_t* x = hp + t * r.sa + b * r.sb;
-        const scalar_t* wr = wp + b * wstride;
-        const float inv = inv_rms(x, d, static_cast<float>(eps));
-        for (int64_t j = 0; j < d; ++j) n[j] = round_to<scalar_t>(round_to<scalar_t>(to_float(x[j]) * inv) * to_float(wr[j]));
+        if (normed) {
+          const scalar_t* wr = wp + b * wstride;
+          const float inv = inv_rms(x, d, static_cast<float>(eps));
+          for (int64_t j = 0; j < d; ++j) n[j] = round_to<scalar_t>(round_to<scalar_t>(to_float(x[j]) * inv) * to_float(wr[j]));
+        } else {
+          for (int64_t j = 0; j < d; ++j) n[j] = to_float(x[j]);
+        }
         const scalar_t* c = cp + t * sc;
         const scalar_t* s = sp + t * ss;
         scalar_t* o = op + i * d;
@@ -193,6 +203,8 @@ at::Tensor qk_norm_rope(const at::Tensor& heads, const at::Tensor& w, const at::
   });
   return out;
 }
+
+namespace {
 
 // q [E] (probability, expert) -> its first k the k largest, largest first. Equal probabilities are
 // ordered as torch.topk orders them on the CPU (which then decides which of them is kept): the same
@@ -209,6 +221,8 @@ void select_top(std::vector<std::pair<float, int64_t>>& q, int64_t k) {
     std::sort(q.begin(), q.begin() + k - 1, larger);
   }
 }
+
+}  // namespace
 
 // router_logits [T, E] -> the dropless dispatch plan of moemesh/moe/dispatch.make_plan after
 // gate.softmax_topk: softmax over E in float32, the top k of each token (largest first; equal
@@ -273,6 +287,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route_topk(const at::
     if (count[e]) ep[g] = e, cp[g++] = count[e];
   return {token_idx, weights, expert_ids, counts};
 }
+
+namespace {
 
 // The decode attention's plain C++ inner loops (api.h: ATTENTION_FUNCTIONS), for head dims the ISA
 // units do not take (not a multiple of ATTN_D_MULTIPLE) and where the caller names the "plain"
@@ -395,6 +411,8 @@ void for_rows(const int64_t* rows, int64_t a0, int64_t a1, Fn fn) {
     a += len;
   }
 }
+
+}  // namespace
 
 // One decode step's attention over the paged KV cache, for B sequences of one query token each (the
 // decode rows of moemesh/models/attention.paged_attention):
@@ -549,15 +567,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-}  // namespace
-
 // the GIL is released while they run, as for the expert kernels
 void bind_step_ops(pybind11::module_& m) {
   m.def("rms_norm", &rms_norm, "x [..., D] -> RMSNorm(x) * weight (weight [D] or [R, D] for x [T, R, D])",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("add_rms_norm", &add_rms_norm, "x, residual [T, D] -> (x + residual, RMSNorm(x + residual) * weight)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("qk_norm_rope", &qk_norm_rope, "heads [T, R, D] -> per-row RMSNorm * weight [R, D], then rope with cos, sin_signed [T, D]",
+  m.def("qk_norm_rope", &qk_norm_rope,
+        "heads [T, R, D] -> per-row RMSNorm * weight [R, D] (none where weight is None), then rope with cos, sin_signed [T, D]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("decode_attention", &decode_attention,
         "q [B, NH, D], k, v [B, KVH, D] -> [B, NH, D]: this step's keys and values written into the paged cache, then attention "

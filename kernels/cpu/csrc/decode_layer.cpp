@@ -1,0 +1,118 @@
+// A decoder layer's attention half of a decode step in one call: the residual add and input norm, the
+// q/k/v projection (and its bias), the per-head q/k norm with rope, decode attention over the paged KV
+// cache, the output projection, the residual add and post-attention norm, and for a MoE layer the
+// router's logits and the top-k dispatch plan.
+//
+// Each stage is the extension's own operation (ops.h) that the Python decoder
+// (moemesh/models/decoder.py, attention.py, layers.py, moe/dispatch.py) calls one by one on a decode
+// step, in the same order with the same rounding points, so the results are the same values; what goes
+// is the Python and torch dispatch between them (about a fifth of a sparse model's batch-1 decode
+// step on 2 cores: docs/benchmarks.md).
+//
+// Shape legend: T decoding tokens (one per sequence), H hidden, NH query heads, KVH key/value heads,
+// D head dim, E experts, N = T*K routed rows, G experts that receive rows.
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ops.h"
+
+namespace moemesh_cpu {
+namespace {
+
+// One matrix W [N, K] as `linear` reads it: format ints, data, scale, scale2 (moe_cpu.cpp weights_of).
+struct Projection {
+  std::vector<int64_t> ints;
+  at::Tensor data, scale, scale2;
+
+  // x [T, K] -> x @ W.T [T, N] in x's dtype (rounded once, as the Python `layers.linear` rounds it)
+  at::Tensor apply(const at::Tensor& x, const std::string& variant) const {
+    const at::Tensor out = linear(x, ints, data, scale, scale2, variant);
+    return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  }
+};
+
+using ProjectionArgs = std::tuple<std::vector<int64_t>, at::Tensor, at::Tensor, at::Tensor>;
+
+Projection projection_of(const ProjectionArgs& a) {
+  return {std::get<0>(a), std::get<1>(a), std::get<2>(a), std::get<3>(a)};
+}
+
+// The weights of one layer, handed over once at load (the tensors are shared, not copied).
+struct DecodeLayer {
+  at::Tensor input_norm, post_norm;  // [H]
+  Projection qkv, o;                 // [(NH + 2 KVH) D, H], [H, NH D]
+  std::optional<Projection> router;  // [E, H] for a MoE layer
+  std::optional<at::Tensor> qkv_bias;  // [(NH + 2 KVH) D]
+  std::optional<at::Tensor> qk_norm;   // [NH + KVH, D]: the q norm's rows, then the k norm's
+  int64_t num_heads, num_kv_heads, head_dim;
+  double eps, qk_eps;
+};
+
+DecodeLayer make_layer(const at::Tensor& input_norm, const at::Tensor& post_norm, const ProjectionArgs& qkv,
+                       const ProjectionArgs& o, const std::optional<ProjectionArgs>& router,
+                       const std::optional<at::Tensor>& qkv_bias, const std::optional<at::Tensor>& qk_norm,
+                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double qk_eps) {
+  TORCH_CHECK_VALUE(num_heads > 0 && num_kv_heads > 0 && head_dim > 0 && num_heads % num_kv_heads == 0,
+                    "heads: expected num_kv_heads dividing num_heads and a positive head_dim, got ", num_heads, ", ",
+                    num_kv_heads, ", ", head_dim);
+  std::optional<Projection> r;
+  if (router) r = projection_of(*router);
+  return {input_norm, post_norm, projection_of(qkv), projection_of(o), r, qkv_bias, qk_norm,
+          num_heads,  num_kv_heads, head_dim, eps, qk_eps};
+}
+
+using Step = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// x [T, H] the residual stream, residual [T, H] the previous layer's MLP output (None for the first
+// layer); cos / sin_signed [T, 1, D] (`rope_for_step`); the KV cache, slots, tables and mask as
+// decode_attention takes them. top_k 0: no routing (a dense layer, or a plan the caller makes) ->
+// (x + residual, h = post_norm(x + residual + attention), token_idx [N], weights [N], expert_ids [G],
+// counts [G]); the last four are None without routing.
+Step run(const DecodeLayer& L, const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& cos,
+         const at::Tensor& sin_signed, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots,
+         const at::Tensor& tables, const at::Tensor& mask, int64_t top_k, bool normalize, const std::string& variant) {
+  const int64_t hidden = L.input_norm.size(0);
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == hidden, "x: expected [T, ", hidden, "], got ", x.sizes());
+  TORCH_CHECK_VALUE(!residual || residual->sizes() == x.sizes(), "residual: expected the shape of x ", x.sizes(), ", got ",
+                    residual->sizes());
+  TORCH_CHECK_VALUE(top_k == 0 || L.router, "top_k: this layer has no router");
+  const int64_t t = x.size(0), nh = L.num_heads, kvh = L.num_kv_heads, d = L.head_dim;
+  at::Tensor x1, h0;
+  if (residual) {
+    std::tie(x1, h0) = add_rms_norm(x, *residual, L.input_norm, L.eps);
+  } else {
+    x1 = x;
+    h0 = rms_norm(x, L.input_norm, L.eps);
+  }
+  at::Tensor qkv = L.qkv.apply(h0, variant);  // [T, (NH + 2 KVH) D]
+  if (L.qkv_bias) qkv = qkv + *L.qkv_bias;
+  TORCH_CHECK_VALUE(qkv.size(1) == (nh + 2 * kvh) * d, "qkv: expected ", (nh + 2 * kvh) * d, " columns, got ", qkv.size(1));
+  const at::Tensor heads = qkv.view({t, nh + 2 * kvh, d});
+  const at::Tensor qk = qk_norm_rope(heads.narrow(1, 0, nh + kvh), L.qk_norm, cos, sin_signed, L.qk_eps);  // [T, NH + KVH, D]
+  const at::Tensor attn = decode_attention(qk.narrow(1, 0, nh), qk.narrow(1, nh, kvh), heads.narrow(1, nh + kvh, kvh),
+                                           k_cache, v_cache, slots, tables, mask, variant);  // [T, NH, D]
+  at::Tensor x2, h;
+  std::tie(x2, h) = add_rms_norm(x1, L.o.apply(attn.view({t, nh * d}), variant), L.post_norm, L.eps);
+  if (top_k == 0) return {x2, h, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  at::Tensor token_idx, weights, expert_ids, counts;
+  std::tie(token_idx, weights, expert_ids, counts) = route_topk(L.router->apply(h, variant), top_k, normalize);
+  return {x2, h, token_idx, weights, expert_ids, counts};
+}
+
+}  // namespace
+
+// the GIL is released while a layer runs, as for the other kernels
+void bind_decode_layer(pybind11::module_& m) {
+  pybind11::class_<DecodeLayer>(m, "DecodeLayer", "one decoder layer's attention-half weights, for decode_layer")
+      .def(pybind11::init(&make_layer));
+  m.def("decode_layer", &run,
+        "x [T, H], the previous MLP output or None -> (x + it, the post-attention norm of x + it + attention, and with "
+        "top_k > 0 the dispatch plan token_idx, weights, expert_ids, counts)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+}
+
+}  // namespace moemesh_cpu

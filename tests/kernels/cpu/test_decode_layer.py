@@ -1,0 +1,164 @@
+"""kernels.cpu.step_ops.decode_layer (kernels/cpu/csrc/decode_layer.cpp): a decoder layer's attention half
+of a decode step in one call, against the decoder's ops called one by one; and the decoder taking it."""
+import pytest
+import torch
+
+from kernels.cpu import step_ops
+from kernels.cpu.variant import VARIANT_ENV, available_variants
+from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
+from moemesh.models import decoder
+from moemesh.models.attention import AttentionWeights, attention
+from moemesh.models.batch import BatchMeta, SeqSlice
+from moemesh.models.layers import RotaryTable, add_rms_norm, linear, matmul_layout, rms_norm, rope_for_step
+from moemesh.moe.dispatch import route
+
+NH, KVH, D, H, E, BS = 4, 2, 32, 96, 8, 4
+EPS = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def compiled_or_skip():
+    if not available_variants():
+        pytest.skip("the compiled CPU kernels do not run here")
+
+
+def make_layer(dtype, qk_norm: bool, bias: bool, router: bool, fp8: bool, seed: int = 0):
+    """Random weights of one layer: (AttentionWeights, input norm, post norm, router or None)."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape, s=0.1: (torch.randn(*shape, generator=g) * s).to(dtype)  # noqa: E731
+    held = (lambda w: matmul_layout(w, dense_dtype="fp8")) if fp8 else (lambda w: w)
+    attn = AttentionWeights(
+        qkv=held(rnd((NH + 2 * KVH) * D, H)),
+        o=held(rnd(H, NH * D)),
+        num_heads=NH,
+        num_kv_heads=KVH,
+        head_dim=D,
+        qkv_bias=rnd((NH + 2 * KVH) * D) if bias else None,
+        q_norm=(1 + rnd(D)) if qk_norm else None,
+        k_norm=(1 + rnd(D)) if qk_norm else None,
+        norm_eps=EPS,
+    )
+    return attn, 1 + rnd(H), 1 + rnd(H), (rnd(E, H, s=1.0) if router else None)
+
+
+def decode_batch(tokens: int, dtype, seed: int = 1):
+    """A decode step of `tokens` sequences at different lengths, with caches holding random history."""
+    g = torch.Generator().manual_seed(seed)
+    slices = [SeqSlice([3 + i], 5 + 4 * i, list(range(4 * i, 4 * i + 4))) for i in range(tokens)]
+    meta = BatchMeta.build(slices, BS)
+    caches = [(torch.randn(4 * tokens + 1, BS, KVH, D, generator=g) * 0.5).to(dtype) for _ in range(2)]
+    x = torch.randn(tokens, H, generator=g).to(dtype)
+    residual = (torch.randn(tokens, H, generator=g) * 0.5).to(dtype)
+    rope = RotaryTable.build(D, 10000.0, 64)
+    return meta, caches, x, residual, rope, rope_for_step(rope, meta.positions, dtype)
+
+
+def op_by_op(attn, in_norm, post_norm, router, x, residual, meta, rope, rope_cs, caches, top_k):
+    """moemesh.models.decoder.MoeDecoderLM's path: norms, `attention`, then route(linear(h, router))."""
+    if residual is None:
+        h = rms_norm(x, in_norm, EPS)
+    else:
+        x, h = add_rms_norm(x, residual, in_norm, EPS)
+    x, h = add_rms_norm(x, attention(h, attn, meta, rope, *caches, rope_cs), post_norm, EPS)
+    plan = route(linear(h, router), top_k, True, E) if top_k else None
+    return x, h, plan
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("qk_norm,bias", [(True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_one_call_gives_the_op_by_op_values(dtype, qk_norm, bias, tokens, first, top_k):
+    attn, in_norm, post_norm, router = make_layer(dtype, qk_norm, bias, router=top_k > 0, fp8=False)
+    meta, caches, x, residual, rope, rope_cs = decode_batch(tokens, dtype)
+    residual = None if first else residual
+    layer = step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, attn.o, router, attn.qkv_bias, attn.qk_norm, NH, KVH, D, EPS, EPS)
+    assert layer is not None
+    want_caches = [c.clone() for c in caches]
+    want = op_by_op(attn, in_norm, post_norm, router, x, residual, meta, rope, rope_cs, want_caches, top_k)
+    got = step_ops.decode_layer(layer, x, residual, *rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, top_k, True)
+    assert got is not None
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(caches[0], want_caches[0]) and torch.equal(caches[1], want_caches[1])  # this step's k, v written
+    if top_k:
+        plan = want[2]
+        for a, b in zip(got[2], (plan.token_idx, plan.weights, plan.expert_ids, plan.counts)):
+            assert torch.equal(a, b)
+    else:
+        assert got[2] is None
+
+
+def test_quantized_projections_are_read_in_place():
+    """BlockwiseFP8 q/k/v and o (`dense_dtype="fp8"`) run inside the call, as `layers.linear` runs them."""
+    attn, in_norm, post_norm, router = make_layer(torch.bfloat16, True, False, router=True, fp8=True)
+    meta, caches, x, residual, rope, rope_cs = decode_batch(2, torch.bfloat16)
+    layer = step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, attn.o, router, None, attn.qk_norm, NH, KVH, D, EPS, EPS)
+    assert layer is not None and layer.max_rows == 16  # the router is plain bfloat16
+    alone = step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, attn.o, None, None, attn.qk_norm, NH, KVH, D, EPS, EPS)
+    assert alone.max_rows > 16  # quantized projections only: the kernels take them for more rows
+    want = op_by_op(attn, in_norm, post_norm, router, x, residual, meta, rope, rope_cs, [c.clone() for c in caches], 3)
+    got = step_ops.decode_layer(layer, x, residual, *rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, 3, True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[2][0], want[2].token_idx)
+
+
+def test_where_it_does_not_run_the_caller_runs_its_ops(monkeypatch):
+    attn, in_norm, post_norm, router = make_layer(torch.bfloat16, True, False, router=True, fp8=False)
+    args = (attn.qkv, attn.o, router, None, attn.qk_norm, NH, KVH, D, EPS, EPS)
+    layer = step_ops.decode_layer_weights(in_norm, post_norm, *args)
+    meta, caches, x, residual, _, rope_cs = decode_batch(1, torch.bfloat16)
+    tail = (*rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, 2, True)
+    assert step_ops.decode_layer(layer, x.float(), residual.float(), *tail) is None  # another dtype than held
+    many = torch.zeros(layer.max_rows + 1, H, dtype=torch.bfloat16)
+    assert step_ops.decode_layer(layer, many, many, *tail) is None  # more rows than the kernels take: torch's GEMMs
+    packed = torch.ops.mkldnn._reorder_linear_weight(attn.o.contiguous(), 1)
+    assert step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, packed, *args[2:]) is None  # a oneDNN-packed matrix
+    assert step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv.float(), *args[1:]) is None  # a matrix of another dtype
+    monkeypatch.setenv(VARIANT_ENV, "torch")
+    assert step_ops.decode_layer_weights(in_norm, post_norm, *args) is None
+    assert step_ops.decode_layer(layer, x, residual, *tail) is None  # the variant it was held for is no longer selected
+
+
+def test_bad_input_is_a_value_error_naming_it():
+    attn, in_norm, post_norm, router = make_layer(torch.bfloat16, True, False, router=False, fp8=False)
+    with pytest.raises(ValueError, match="heads"):
+        step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, attn.o, None, None, attn.qk_norm, NH, 3, D, EPS, EPS)
+    layer = step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, attn.o, None, None, attn.qk_norm, NH, KVH, D, EPS, EPS)
+    meta, caches, x, residual, _, rope_cs = decode_batch(1, torch.bfloat16)
+    tail = (*rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+    with pytest.raises(ValueError, match="top_k"):
+        step_ops.decode_layer(layer, x, residual, *tail, 2, True)  # no router to route with
+    with pytest.raises(ValueError, match=r"x: expected \[T, 96\]"):
+        step_ops.decode_layer(layer, x[:, :64].contiguous(), residual[:, :64].contiguous(), *tail, 0, True)
+    with pytest.raises(ValueError, match="residual: expected the shape of x"):
+        step_ops.decode_layer(layer, x, residual[:, :64].contiguous(), *tail, 0, True)
+
+
+@pytest.mark.parametrize("arch,overrides", [
+    ("qwen3_moe", dict(norm_topk_prob=True, mlp_only_layers=[0])),
+    ("mixtral", dict(sliding_window=5, num_experts_per_tok=3)),
+])
+def test_the_decoder_takes_it_on_decode_steps_with_the_same_tokens(tiny_ckpt, arch, overrides, monkeypatch):
+    """Greedy generation with every layer's one-call attention half and with none: the same tokens and
+    log-probabilities, bit for bit (prefill runs op by op in both)."""
+    ran = []
+
+    def counted(*args, **kwargs):
+        out = step_ops.decode_layer(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decoder, "decode_layer", counted)
+    path, _ = tiny_ckpt(arch, **overrides)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, top_logprobs=2)
+    engine = LLMEngine(EngineConfig(str(path), dtype="bfloat16", block_size=4, kv_cache_tokens=256, num_threads=1))
+    layers = engine.model.layers
+    assert all(lyr.fused is not None for lyr in layers)
+    prompts = [[5, 17, 301, 42, 9, 77, 123], [250, 3, 64]]
+    fused = engine.generate(prompts, params)
+    assert ran and all(ran)  # every decode step's layers ran in the one call
+    for lyr in layers:
+        object.__setattr__(lyr, "fused", None)
+    op_by_op = engine.generate(prompts, params)
+    for a, b in zip(fused, op_by_op):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
