@@ -6,7 +6,7 @@
 // Each stage is the extension's own operation (ops.h) that the Python decoder
 // (moemesh/models/decoder.py, attention.py, layers.py, moe/dispatch.py) calls one by one on a decode
 // step, in the same order with the same rounding points, so the results are the same values; what goes
-// is the Python and torch dispatch between them (about a fifth of a sparse model's batch-1 decode
+// is the Python and torch dispatch between them (6-8% of a sparse model's batch-1 decode
 // step on 2 cores: docs/benchmarks.md).
 //
 // Shape legend: T decoding tokens (one per sequence), H hidden, NH query heads, KVH key/value heads,
