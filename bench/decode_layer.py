@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,51 +24,31 @@ if __name__ == "__main__":  # as a script: the repository root instead of bench/
     _root = Path(__file__).resolve().parent.parent
     sys.path[:] = [str(_root)] + [p for p in sys.path if Path(p or ".").resolve() != _root / "bench"]
 
-from bench.shapes import SHAPES, checkpoint_dir
-
-WARMUP_STEPS = 8
+from bench import alternated_steps
+from bench.alternated_steps import alternate, greedy_engine, model_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=tuple(SHAPES), default="qwen3-sparse", help="named checkpoint (bench/shapes.py)")
-    p.add_argument("--model", default=None, help="a checkpoint directory instead of --shape")
-    p.add_argument("--experts-dtype", default=None, help="expert weight format (EngineConfig.experts_dtype); unset: as stored")
-    p.add_argument("--steps", type=int, default=300, help="timed decode steps of each side")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--concurrent", type=int, default=1, help="greedy requests decoding together")
-    ns = p.parse_args(argv)
-    if ns.steps < 1 or ns.threads < 1 or ns.concurrent < 1:
-        p.error(f"need --steps, --threads and --concurrent >= 1, got {ns.steps}, {ns.threads}, {ns.concurrent}")
-    return ns
+    return alternated_steps.parse_args(__doc__, argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    from moemesh.engine import LLMEngine
-    from moemesh.engine.config import EngineConfig
-    from moemesh.engine.sampling_params import SamplingParams
-
     ns = parse_args(argv)
-    model = ns.model or str(checkpoint_dir(ns.shape, progress=lambda msg: print(msg, file=sys.stderr)))
+    model = model_dir(ns)
     torch.set_num_threads(ns.threads)
-    engine = LLMEngine(EngineConfig(model_dir=model, experts_dtype=ns.experts_dtype, num_threads=ns.threads))
-    params = SamplingParams(max_new_tokens=WARMUP_STEPS + 2 * ns.steps + 2, temperature=0.0, ignore_eos=True)
-    for i in range(ns.concurrent):
-        engine.add_request(f"r{i}", [1 + i, 20 + i, 300 + i, 4000 + i, 55, 66], params)
-    for _ in range(WARMUP_STEPS):
-        engine.step()
+    engine = greedy_engine(model, ns, 2 * ns.steps)
     fused = list(engine.model.layers)
-    sides = {"one call": fused, "op by op": [dataclasses.replace(lyr, fused=None) for lyr in fused]}
+    op_by_op = [dataclasses.replace(lyr, fused=None) for lyr in fused]
     held = sum(lyr.fused is not None for lyr in fused)
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for i in range(ns.steps):
-        for name in (("one call", "op by op") if i % 2 == 0 else ("op by op", "one call")):
-            engine.model.layers = sides[name]
-            t = time.perf_counter()
+
+    def step_with(layers):
+        def step() -> None:
+            engine.model.layers = layers
             engine.step()
-            times[name].append(time.perf_counter() - t)
+        return step
+
+    med = alternate(ns.steps, {"one call": step_with(fused), "op by op": step_with(op_by_op)})
     engine.model.layers = fused
-    med = {name: 1000 * statistics.median(v) for name, v in times.items()}
     print(f"{model}: experts {ns.experts_dtype or 'as stored'}, {ns.concurrent} decoding, {ns.threads} thread(s), "
           f"{ns.steps} steps each, alternated; {held} of {len(fused)} layers held for the one call")
     print(f"attention half in one call: median {med['one call']:.2f} ms/step; op by op: {med['op by op']:.2f} ms/step; "
