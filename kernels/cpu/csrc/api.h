@@ -35,7 +35,7 @@ struct Weights {
   int64_t seg_rows; // rows per segment (fp8, nvfp4)
   int64_t per_seg;  // fp8 scale rows per segment
   int64_t qbn, qbk; // fp8 block
-  int bf16_x;       // the activation rows hold bfloat16 values and the CPU has AVX512-BF16
+  int bf16_x;       // the activation rows hold bfloat16 values and the CPU has AVX512-BF16 and -VNNI
   int vbmi;         // bf16_x, and the CPU has AVX512-VBMI (byte permutes: the FP8 table decode)
 };
 

@@ -17,8 +17,9 @@
 // formats NR rows at a time); more rows first decode an NR-row tile into a cache-resident float32
 // buffer (NR x K, never more) and run the float32 kernel over it, MR rows at a time.
 // Where the activation rows hold bfloat16 values and the variant has bfloat16 dot products
-// (Weights::bf16_x), bfloat16 weights above MR rows (matmul_bf16w), FP8 and the E2M1 formats at any
-// number of rows instead meet them in bfloat16 dot products with float32 accumulators.
+// (Weights::bf16_x), bfloat16 weights above MR rows (matmul_bf16w) and FP8 at any number of rows
+// instead meet them in bfloat16 dot products with float32 accumulators, the E2M1 formats at any
+// number of rows in 16-bit integer dot products (matmul_bf16).
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -319,13 +320,14 @@ inline int64_t rows_ahead(int64_t stride, int tr, int64_t bytes) {
   return (rows + tr - 1) / tr * tr;
 }
 
-// The 4-bit formats (LPB: product lanes per block, see V::e2m1_bf16) on the variant's bfloat16 dot
-// products, V::bf16_tile_rows rows at a time, for any number of activation rows that hold bfloat16
-// values, MR at a time (a tile is read from memory for the first MR rows and decoded again from L1
-// for the others: cheaper than the float32 kernels' decode into a buffer, whose multiply-adds take
-// twice the instructions); false (nothing done) where the variant has none. kb blocks per row, kp
-// elements per row (a multiple of 16). The activation rows are converted to bfloat16 once per call,
-// in the layout the tiles read.
+// The 4-bit formats (LPB: product lanes per block, see V::e2m1_i16_tile) on the variant's 16-bit
+// integer dot products, V::bf16_tile_rows rows at a time, for any number of activation rows that hold
+// bfloat16 values, MR at a time (a tile is read from memory for the first MR rows and decoded again
+// from L1 for the others: cheaper than the float32 kernels' decode into a buffer, whose
+// multiply-adds take twice the instructions); false (nothing done) where the variant has none. kb
+// blocks per row, kp elements per row (a multiple of 16). The activation rows are converted to
+// 16-bit integers with a power-of-two multiplier per 128-element step once per call, in the layout
+// the tiles read.
 template <int LPB, class D, class VV = V>
 bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x, int64_t M, int64_t ldx, int64_t kp,
                  float* out, int64_t ldo) {
@@ -342,8 +344,9 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
     const int64_t ahead = rows_ahead(d.stride, tr, QUANT_PREFETCH_BYTES);
     prefetch_rows(d, n0, n1 - n0 < ahead ? n1 - n0 : ahead, kp / 2);
     for (int64_t b = 0; b < (ahead + tr) * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n0) + b);
-    auto* xb = static_cast<typename VV::BX*>(std::aligned_alloc(64, 64 * 4 * steps * M));
-    VV::bf16_x_e2m1(x, ldx, kp, M, xb);
+    auto* xi = static_cast<typename VV::IX*>(std::aligned_alloc(64, (64 * 4 + 64) * steps * M));
+    float* xs = reinterpret_cast<float*>(xi + 4 * steps * M);  // the rows' step multipliers
+    VV::i16_x_e2m1(x, ldx, kp, M, xi, xs);
     for (int64_t n = n0; n < n1; n += tr) {
       const int nvalid = int(n1 - n < tr ? n1 - n : tr);
       const uint8_t* rd[TR];
@@ -358,10 +361,10 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
       }
       for (int64_t b = 0; b < tr * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n + ahead + tr) + b);
       for (int64_t m = 0; m < M; m += VV::MR)  // the tile from memory for the first MR rows, from L1 after
-        VV::template e2m1_bf16<LPB>(rd, rs, m == 0 ? ahead * d.stride : 0, nvalid, xb + m * steps * 4, kp,
-                                    out + m * ldo + (n - n0), ldo, M - m < VV::MR ? M - m : VV::MR, tr);
+        VV::template e2m1_i16<LPB>(rd, rs, m == 0 ? ahead * d.stride : 0, nvalid, xi + m * steps * 4, xs + m * steps,
+                                   kp, out + m * ldo + (n - n0), ldo, M - m < VV::MR ? M - m : VV::MR, tr);
     }
-    std::free(xb);
+    std::free(xi);
     std::free(sbuf);
     return true;
   }

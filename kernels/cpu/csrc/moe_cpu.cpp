@@ -29,11 +29,12 @@ struct Isa {
 constexpr int GATE_BLOCK = 32;  // gate columns (and their up columns) per work item
 constexpr int DOWN_BLOCK = 32;  // hidden columns per work item
 
-// Whether the AVX-512 kernels may multiply bfloat16 activations in bfloat16 (AVX512-BF16).
+// Whether the AVX-512 kernels may multiply bfloat16 activations in bfloat16 (AVX512-BF16), and the
+// 4-bit formats' in 16-bit integers (AVX512-VNNI, which every CPU with AVX512-BF16 has).
 bool bf16_dot(const std::string& variant) {
 #ifdef MOEMESH_X86_KERNELS
   __builtin_cpu_init();
-  return variant == "avx512" && __builtin_cpu_supports("avx512bf16");
+  return variant == "avx512" && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
 #else
   (void)variant;
   return false;
@@ -366,7 +367,7 @@ void bind_quantize(pybind11::module_& m);  // quantize_cpu.cpp
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "moemesh CPU expert kernels";
   m.def("variants", &moemesh_cpu::variants, "kernel variants this CPU runs, best first");
-  m.def("bf16_dot", &moemesh_cpu::bf16_dot, "whether a variant multiplies bfloat16 activations in bfloat16 here (AVX512-BF16)");
+  m.def("bf16_dot", &moemesh_cpu::bf16_dot, "whether a variant multiplies bfloat16 activations in bfloat16 here (AVX512-BF16), and 4-bit weights in 16-bit integers (AVX512-VNNI)");
   m.def("parallel_threads", &moemesh_cpu::parallel_threads, "threads one parallel region of n items runs on");
   // the GIL is released while the kernels run (as torch's own ops do), so other Python threads go on
   m.def("moe_mlp", &moemesh_cpu::moe_mlp, "routed expert MLP over weights in their stored format",

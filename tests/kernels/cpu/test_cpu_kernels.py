@@ -125,7 +125,7 @@ def test_dense_experts_at_every_row_count_path(variant, dtype, fmt, h, i):
     ids=["k48_80", "k96_112", "k128_40", "k144_70", "k64_264"],
 )
 def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
-    # 1 to 9 rows per expert (with bfloat16 x and AVX512-BF16, the bfloat16 dot products in
+    # 1 to 9 rows per expert (with bfloat16 x and AVX512-BF16, the 16-bit integer dot products in
     # 128-element steps over tiles of 8 or 4 weight rows, 4 activation rows at a time: 6 and 9 rows
     # read a tile again for a partial group), K ending every multiple of 16 elements into a step
     # (NVFP4 pads K to 16, MXFP4 to 32), 70 output columns leaving a partial tile of rows
@@ -136,6 +136,36 @@ def test_4bit_decode_rows_with_every_last_step(variant, fmt, h, i):
     token_idx, row_weight = routing(12, counts.tolist(), seed=1)
     got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_4bit_bfloat16_activations_of_wide_range_and_non_finite(variant, fmt):
+    # With AVX512-BF16 the 4-bit tiles hold each 128-element step of an activation row as 16-bit
+    # integers under one power-of-two scale: elements 2^-40 to 2^10 in the same steps (exact down to
+    # 2^-7 of the step's largest, rounded at 2^-15 of it below), a row of zeros, a row of
+    # subnormal-sized values, and a row holding inf, which the reference path turns into non-finite
+    # outputs for its token only.
+    variant_or_skip(variant)
+    h, i = 256, 136
+    w = weights(fmt, torch.bfloat16, h, i, "silu", e=4, seed=5)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, h, generator=g) * torch.exp2(torch.randint(-40, 11, (6, h), generator=g).float())
+    x[2] = 0
+    x[3] = torch.randn(h, generator=g) * 2.0**-125
+    x = x.to(torch.bfloat16)
+    expert_idx, counts = torch.tensor([2, 0, 3]), torch.tensor([6, 1, 4])
+    token_idx = torch.tensor([0, 1, 2, 3, 4, 5, 1, 0, 4, 5, 2])
+    row_weight = torch.rand(11, generator=g)
+    got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
+    assert (got[2] == 0).all()
+    x[4, 130] = float("inf")
+    with_inf = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
+    ref = moe_mlp(x, token_idx, row_weight, expert_idx, counts, w, backend="torch")
+    assert not torch.isfinite(ref[4]).any() and not torch.isfinite(with_inf[4]).any()
+    others = [0, 1, 2, 3, 5]  # each activation row is scaled on its own: the others are unchanged
+    assert torch.equal(with_inf[others], got[others])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
