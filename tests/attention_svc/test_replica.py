@@ -108,7 +108,7 @@ def test_bad_sequences_are_refused_and_the_replica_keeps_serving(tiny_model_dir,
     async def body(replica):
         with pytest.raises(MeshError) as e:
             await tokens_of(replica, SequenceRequest("bad", prompt, sampling))
-        good = await tokens_of(replica, SequenceRequest("good", (5,), {"max_new_tokens": 2}))
+        good = await tokens_of(replica, SequenceRequest("good", (5,), {"max_new_tokens": 2, "ignore_eos": True}))
         return e.value, good
 
     err, good = asyncio.run(with_replica(engine, body))
