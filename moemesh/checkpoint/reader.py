@@ -1,14 +1,20 @@
 """`CheckpointReader`: reads named tensors from a Hugging Face safetensors checkpoint on demand.
 
 Files are read with positional reads (`SafetensorsFile`), not memory-mapped, so a weight the model
-copies into another layout is not also held as mapped pages; only requested tensors are read. The
+copies into another layout is not also held as mapped pages; only requested tensors are read. Reads
+run on one thread per CPU this process may use (at most MAX_READ_THREADS): each thread faults its own part of the fresh destination memory
+in, and where the host backs a virtual machine's memory on first touch those faults are most of a
+load's time (two threads took them about 3x faster than one: docs/benchmarks.md, "Load"). The
 language model of a multimodal checkpoint is also readable under the causal-LM names (nesting.py).
 """
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
@@ -19,6 +25,14 @@ from moemesh.checkpoint.safetensors_file import SafetensorsFile, SafetensorsHead
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 SCALED_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # stored values that need a scale to mean a weight
+READ_CHUNK_BYTES = 8 << 20  # a tensor read straight into place is split into reads of at most this many bytes
+MAX_READ_THREADS = 8
+
+
+def default_read_threads() -> int:
+    """One per CPU this process may run on, at most MAX_READ_THREADS."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_READ_THREADS, cpus))
 
 
 class CheckpointReader:
@@ -87,21 +101,65 @@ class CheckpointReader:
     def get(self, name: str, shape: Iterable[int] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The tensor `name` (a fresh CPU tensor), checked against `shape` when given, cast to `dtype` when given."""
         self._check(name, shape, dtype)
-        t = self._read(name)
+        entry = self._entry(name)
+        t = torch.empty(entry.shape, dtype=entry.dtype, device="cpu")  # host memory even under a default-device context
+        self.read_all_into([(name, t)])
         return t if dtype is None or t.dtype == dtype else t.to(dtype)
+
+    def get_stacked(self, names: Sequence[str], shape: Iterable[int] | None = None) -> torch.Tensor:
+        """[len(names), *shape] of tensors of one stored dtype and shape (`shape` checked when given),
+        as stored, each read straight into its place."""
+        if not names:
+            raise ValueError("get_stacked needs at least one name")
+        first = self._entry(names[0])
+        out = torch.empty(len(names), *first.shape, dtype=first.dtype, device="cpu")
+        self._check(names[0], shape, None)
+        self.read_all_into(list(zip(names, out)))  # a different shape or dtype fails the check there
+        return out
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         """Copies tensor `name` into `out` (its shape must be the tensor's; cast to out's dtype, moved to
         out's device). A contiguous CPU `out` of the stored dtype is filled straight from the file."""
-        self._check(name, out.shape, out.dtype)
-        shard = self._shard_of(name)
-        if out.dtype == self._entry(name).dtype and out.device.type == "cpu" and out.is_contiguous():
-            try:
-                self._open(shard).read_into(self._stored.get(name, name), out)
-            except OSError as e:
-                raise CheckpointError(f"cannot read tensor {name!r} from {shard!r} (corrupt file?): {e}") from e
-        else:
-            out.copy_(self._read(name))
+        self.read_all_into([(name, out)])
+
+    def read_all_into(self, pairs: Sequence[tuple[str, torch.Tensor]], threads: int | None = None) -> None:
+        """`read_into(name, out)` for every pair, on `threads` threads (None:
+        `default_read_threads()`). Every pair is checked before anything is read; a tensor read straight
+        into place is split into reads of at most READ_CHUNK_BYTES, so one large tensor is read by every thread too."""
+        for name, out in pairs:
+            self._check(name, out.shape, out.dtype)  # also opens each shard, here on one thread
+        reads = []  # () -> None each
+        for name, out in pairs:
+            entry = self._entry(name)
+            if out.dtype == entry.dtype and out.device.type == "cpu" and out.is_contiguous():
+                handle, stored = self._open(self._shard_of(name)), self._stored.get(name, name)
+                reads += [
+                    partial(self._guarded, name, handle.read_into, stored, out, begin, begin + READ_CHUNK_BYTES)
+                    for begin in range(0, max(entry.nbytes, 1), READ_CHUNK_BYTES)
+                ]
+            else:  # cast or moved: read as stored, then copied
+                reads.append(partial(lambda n, o: o.copy_(self._read(n)), name, out))
+        threads = max(1, min(len(reads), default_read_threads() if threads is None else threads))
+        if threads == 1:
+            for read in reads:
+                read()
+            return
+        inference = torch.is_inference_mode_enabled()  # thread-local: the pool's threads take the caller's
+
+        def run(read) -> None:
+            with torch.inference_mode(inference):
+                read()
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="checkpoint-read") as pool:
+            for done in [pool.submit(run, read) for read in reads]:
+                done.result()  # the first failure raises once every read has ended
+
+    def _guarded(self, name: str, read, *args):
+        """read(*args), its OSError named as a CheckpointError."""
+        try:
+            return read(*args)
+        except OSError as e:
+            raise CheckpointError(f"cannot read tensor {name!r} from {self._shard_of(name)!r} (corrupt file?): {e}") from e
 
     def _check(self, name: str, shape: Iterable[int] | None, dtype: torch.dtype | None) -> None:
         entry = self._entry(name)
@@ -119,7 +177,4 @@ class CheckpointReader:
     def _read(self, name: str) -> torch.Tensor:
         shard = self._shard_of(name)
         self._entry(name)
-        try:
-            return self._open(shard).read(self._stored.get(name, name))
-        except OSError as e:
-            raise CheckpointError(f"cannot read tensor {name!r} from {shard!r} (corrupt file?): {e}") from e
+        return self._guarded(name, self._open(shard).read, self._stored.get(name, name))

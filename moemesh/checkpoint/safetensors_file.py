@@ -55,6 +55,7 @@ class SafetensorsFile:
             self.entries = self._read_header()
         except BaseException:
             os.close(self._fd)
+            self._fd = None  # closed once: the number may be another file's by the time __del__ runs
             raise
 
     def __del__(self) -> None:
@@ -103,20 +104,26 @@ class SafetensorsFile:
         self._read_bytes(e, out)
         return out
 
-    def read_into(self, name: str, out: torch.Tensor) -> None:
-        """Reads `name` into `out`, a contiguous CPU tensor of its dtype and number of elements."""
+    def read_into(self, name: str, out: torch.Tensor, begin: int = 0, end: int | None = None) -> None:
+        """Reads `name` into `out`, a contiguous CPU tensor of its dtype and number of elements; with
+        `begin`/`end`, only the tensor's bytes [begin, end) (end clipped to its size), into the same
+        bytes of `out`."""
         e = self.entries[name]
         if out.dtype != e.dtype or out.device.type != "cpu" or not out.is_contiguous() or out.numel() * out.element_size() != e.nbytes:
             raise ValueError(f"read_into {name!r}: out must be a contiguous CPU {e.dtype} tensor of {list(e.shape)} elements")
-        self._read_bytes(e, out)
+        end = e.nbytes if end is None else min(end, e.nbytes)
+        if not 0 <= begin <= end:
+            raise ValueError(f"read_into {name!r}: byte range [{begin}, {end}) is outside its {e.nbytes} bytes")
+        self._read_bytes(e, out, begin, end)
 
-    def _read_bytes(self, e: TensorEntry, out: torch.Tensor) -> None:
-        if e.nbytes == 0:
+    def _read_bytes(self, e: TensorEntry, out: torch.Tensor, begin: int = 0, end: int | None = None) -> None:
+        end = e.nbytes if end is None else end
+        if end == begin:
             return
         view = memoryview(out.reshape(-1).view(torch.uint8).numpy())  # the tensor's own bytes
-        done = 0
-        while done < e.nbytes:
-            got = os.preadv(self._fd, [view[done : done + MAX_READ_BYTES]], e.begin + done)
+        done = begin
+        while done < end:
+            got = os.preadv(self._fd, [view[done : min(end, done + MAX_READ_BYTES)]], e.begin + done)
             if got <= 0:
-                raise OSError(f"{self.path}: read ended {e.nbytes - done} bytes early (file truncated?)")
+                raise OSError(f"{self.path}: read ended {end - done} bytes early (file truncated?)")
             done += got

@@ -120,13 +120,13 @@ def load_fused_experts(reader: CheckpointReader, layer: int, ids: list[int], int
 def load_quantized_projection(reader: CheckpointReader, names: list[str], fmt: str, rows: int, cols: int, block):
     """One projection [G, rows, cols] of G experts as stored: FP8BlockExperts | NVFP4Experts."""
     if fmt == "fp8":
-        weight = torch.stack([reader.get(n, shape=(rows, cols)) for n in names])  # [G, N, K] e4m3
-        scale = torch.stack([reader.get(n + FP8_SCALE_SUFFIX) for n in names])  # [G, NB, KB]
+        weight = reader.get_stacked(names, shape=(rows, cols))  # [G, N, K] e4m3
+        scale = reader.get_stacked([n + FP8_SCALE_SUFFIX for n in names])  # [G, NB, KB]
         return fp8_block_from_checkpoint(weight, scale, block)
     stems = [n[: -len("weight")] for n in names]
     kp = -(-cols // 16) * 16
-    weight = torch.stack([reader.get(n, shape=(rows, kp // 2)) for n in names])  # [G, N, K/2]
-    scale = torch.stack([reader.get(s + "weight_scale", shape=(rows, kp // 16)) for s in stems])  # [G, N, K/16]
+    weight = reader.get_stacked(names, shape=(rows, kp // 2))  # [G, N, K/2]
+    scale = reader.get_stacked([s + "weight_scale" for s in stems], shape=(rows, kp // 16))  # [G, N, K/16]
     scale_2 = torch.stack([reader.get(s + "weight_scale_2").float().reshape(()) for s in stems])  # [G]
     has_input = all(reader.has(s + "input_scale") for s in stems)
     inp = torch.stack([reader.get(s + "input_scale").float().reshape(()) for s in stems]) if has_input else None
@@ -182,11 +182,11 @@ def load_expert_weights(
         return w if experts_dtype is None else prepare_experts(w, experts_dtype, dtype)
     gate_up = torch.empty(len(ids), 2 * inter, hidden, dtype=dtype)  # [E, 2I, H]
     down = torch.empty(len(ids), hidden, inter, dtype=dtype)  # [E, H, I]
+    reads = []  # straight from the file into place: no second copy
     for i, e in enumerate(ids):
         g, u, d = layout.names(layer, e)
-        reader.read_into(g, gate_up[i, :inter])  # straight from the file into place: no second copy
-        reader.read_into(u, gate_up[i, inter:])
-        reader.read_into(d, down[i])
+        reads += [(g, gate_up[i, :inter]), (u, gate_up[i, inter:]), (d, down[i])]
+    reader.read_all_into(reads)
     w = ExpertWeights(gate_up=gate_up, down=down)
     if experts_dtype is not None:
         w = prepare_experts(w, experts_dtype, dtype)

@@ -54,11 +54,16 @@ def test_missing_tensor_and_wrong_shape_are_named(tiny_ckpt):
         r.get("model.norm.weight", shape=(65,))
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_corrupt_header(tmp_path):
+    """Refused naming the file; its descriptor closed once (a second close could close another file's)."""
+    import gc
+
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(CheckpointError, match="corrupt"):
         CheckpointReader(tmp_path)
+    gc.collect()
 
 
 def test_index_naming_missing_shard(sharded, tmp_path):
@@ -117,3 +122,78 @@ def test_an_fp8_tensor_is_not_cast_without_its_scale(tmp_path):
     with pytest.raises(CheckpointError, match=r"q_proj\.weight.*float8_e4m3fn.*no scale"):
         r.get("model.layers.0.self_attn.q_proj.weight", dtype=torch.bfloat16)
     assert torch.equal(r.get("model.layers.0.self_attn.q_proj.weight").view(torch.uint8), w.view(torch.uint8))
+
+
+def _checkpoint_of(tmp_path, tensors: dict) -> CheckpointReader:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("{}")
+    return CheckpointReader(tmp_path)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_read_all_into_splits_large_tensors_into_chunks_on_threads(tmp_path, monkeypatch, threads):
+    """Every byte lands in place whatever the chunk size and thread count: a chunk of 1000 bytes splits
+    a 4004-byte tensor into 5 reads with a short last one, and a cast read runs beside them."""
+    import moemesh.checkpoint.reader as reader_module
+
+    monkeypatch.setattr(reader_module, "READ_CHUNK_BYTES", 1000)
+    tensors = {f"w{i}": torch.randn(7 + i, 143) for i in range(4)} | {"tiny": torch.randn(3), "empty": torch.empty(0, 5)}
+    r = _checkpoint_of(tmp_path, tensors)
+    outs = {name: torch.full(t.shape, float("nan")) for name, t in tensors.items()}
+    outs["w1"] = torch.empty(tensors["w1"].shape, dtype=torch.bfloat16)  # cast: read as stored, then copied
+    stacked = torch.zeros(2, *tensors["w2"].shape)
+    r.read_all_into([*outs.items(), ("w2", stacked[1])], threads=threads)
+    for name, t in tensors.items():
+        assert torch.equal(outs[name], t.to(outs[name].dtype)), name
+    assert torch.equal(stacked[1], tensors["w2"]) and not stacked[0].any()
+
+
+def test_threaded_reads_fill_and_cast_into_inference_tensors(tmp_path, monkeypatch):
+    """Models load under torch.inference_mode, which is per thread: the reading threads take the caller's."""
+    import moemesh.checkpoint.reader as reader_module
+
+    monkeypatch.setattr(reader_module, "READ_CHUNK_BYTES", 512)
+    tensors = {"a": torch.randn(16, 32), "b": torch.randn(8, 8)}
+    r = _checkpoint_of(tmp_path, tensors)
+    with torch.inference_mode():
+        a, b = torch.empty(16, 32), torch.empty(8, 8, dtype=torch.bfloat16)
+        r.read_all_into([("a", a), ("b", b)], threads=2)
+    assert a.is_inference() and torch.equal(a, tensors["a"]) and torch.equal(b, tensors["b"].to(torch.bfloat16))
+
+
+def test_read_all_into_checks_every_pair_before_reading_any(tmp_path):
+    tensors = {"a": torch.randn(64, 64), "b": torch.randn(8)}
+    r = _checkpoint_of(tmp_path, tensors)
+    a = torch.zeros(64, 64)
+    with pytest.raises(CheckpointError, match=r"'b' has shape \[8\], expected \[9\]"):
+        r.read_all_into([("a", a), ("b", torch.zeros(9))], threads=2)
+    assert not a.any()
+    with pytest.raises(CheckpointError, match="'c' not found"):
+        r.read_all_into([("a", a), ("c", torch.zeros(1))], threads=2)
+
+
+def test_a_truncated_file_fails_the_threaded_read_naming_the_tensor(tmp_path, monkeypatch):
+    import moemesh.checkpoint.reader as reader_module
+
+    monkeypatch.setattr(reader_module, "READ_CHUNK_BYTES", 4096)
+    r = _checkpoint_of(tmp_path, {"a": torch.randn(64, 64), "z": torch.randn(256, 64)})
+    r.get("a")  # the file is open, its header checked against its size
+    path = tmp_path / "model.safetensors"
+    os.truncate(path, path.stat().st_size - 100)  # then "z", stored last, loses its final bytes
+    a, z = torch.empty(64, 64), torch.empty(256, 64)
+    with pytest.raises(CheckpointError, match=r"cannot read tensor 'z'.*100 bytes early"):
+        r.read_all_into([("a", a), ("z", z)], threads=2)
+
+
+def test_get_stacked_reads_experts_in_place_and_names_a_mismatch(tmp_path):
+    tensors = {f"e{i}": torch.randn(4, 6).to(torch.float8_e4m3fn) for i in range(3)} | {"odd": torch.randn(4, 7).to(torch.float8_e4m3fn)}
+    r = _checkpoint_of(tmp_path, tensors)
+    got = r.get_stacked(["e0", "e1", "e2"], shape=(4, 6))
+    assert got.dtype == torch.float8_e4m3fn and got.shape == (3, 4, 6)
+    assert torch.equal(got.view(torch.uint8), torch.stack([tensors[f"e{i}"] for i in range(3)]).view(torch.uint8))
+    with pytest.raises(CheckpointError, match=r"'odd' has shape \[4, 7\], expected \[4, 6\]"):
+        r.get_stacked(["e0", "odd"])
+    with pytest.raises(CheckpointError, match=r"'e0' has shape \[4, 6\], expected \[4, 5\]"):
+        r.get_stacked(["e0"], shape=(4, 5))
