@@ -2,10 +2,11 @@
 
 Files are read with positional reads (`SafetensorsFile`), not memory-mapped, so a weight the model
 copies into another layout is not also held as mapped pages; only requested tensors are read. Reads
-run on one thread per CPU this process may use (at most MAX_READ_THREADS): each thread faults its own part of the fresh destination memory
-in, and where the host backs a virtual machine's memory on first touch those faults are most of a
-load's time (two threads took them about 3x faster than one: docs/benchmarks.md, "Load"). The
-language model of a multimodal checkpoint is also readable under the causal-LM names (nesting.py).
+run on one thread per CPU this process may use (at most MAX_READ_THREADS): each thread faults its
+own part of the fresh destination memory in, and where the host backs a virtual machine's memory on
+first touch those faults are most of a load's time (two threads took them about 3x faster than one:
+docs/benchmarks.md, "Load"). The language model of a multimodal checkpoint is also readable under
+the causal-LM names (nesting.py).
 """
 from __future__ import annotations
 
@@ -123,9 +124,9 @@ class CheckpointReader:
         self.read_all_into([(name, out)])
 
     def read_all_into(self, pairs: Sequence[tuple[str, torch.Tensor]], threads: int | None = None) -> None:
-        """`read_into(name, out)` for every pair, on `threads` threads (None:
-        `default_read_threads()`). Every pair is checked before anything is read; a tensor read straight
-        into place is split into reads of at most READ_CHUNK_BYTES, so one large tensor is read by every thread too."""
+        """`read_into(name, out)` for every pair, on `threads` threads (None: `default_read_threads()`).
+        Every pair is checked before anything is read; a tensor read straight into place is split into
+        reads of at most READ_CHUNK_BYTES, so one large tensor is read by every thread too."""
         for name, out in pairs:
             self._check(name, out.shape, out.dtype)  # also opens each shard, here on one thread
         reads = []  # () -> None each
@@ -152,7 +153,7 @@ class CheckpointReader:
 
         with ThreadPoolExecutor(threads, thread_name_prefix="checkpoint-read") as pool:
             for done in [pool.submit(run, read) for read in reads]:
-                done.result()  # the first failure raises once every read has ended
+                done.result()  # the first failure raises; leaving the pool waits for the other reads
 
     def _guarded(self, name: str, read, *args):
         """read(*args), its OSError named as a CheckpointError."""
