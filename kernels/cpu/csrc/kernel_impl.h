@@ -522,10 +522,16 @@ void prepare_row(int fmt, const float* src, int64_t k, float* dst) {
     std::memcpy(dst, src, k * sizeof(float));
     return;
   }
-  for (int64_t i = 0; i < k; ++i) {  // element i = pair p (= i / 2), low or high nibble
-    const int64_t p = i / 2, group = p / W;
-    dst[group * 2 * W + (i & 1) * W + p % W] = src[i];
+  // element i = pair p (= i / 2), low or high nibble: each group of 2W elements becomes its W even
+  // elements, then its W odd ones
+  const int64_t whole = k / (2 * W) * (2 * W);
+  for (int64_t g = 0; g < whole; g += 2 * W) {
+    for (int p = 0; p < W; ++p) {
+      dst[g + p] = src[g + 2 * p];
+      dst[g + W + p] = src[g + 2 * p + 1];
+    }
   }
+  for (int64_t i = whole; i < k; ++i) dst[whole + (i & 1) * W + (i - whole) / 2] = src[i];
 }
 
 }  // namespace MOEMESH_ISA

@@ -11,6 +11,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -180,21 +181,24 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   if (N == 0) return out.to(x.scalar_type());
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
 
-  // Gather: each row's token, as float32 in the gate_up format's layout.
+  // Gather: each token once as float32 in the gate_up format's layout, then each row's token (a
+  // token goes to K experts: K rows, one preparation).
   const int64_t kh = padded_k(H), ki = padded_k(inter);
-  std::vector<float> xg(N * kh), h(N * inter), hp(N * ki);
-  at::parallel_for(0, N, 16, [&](int64_t r0, int64_t r1) {
+  std::vector<float> xt(T * kh), xg(N * kh), h(N * inter), hp(N * ki);
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(H);
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t t = tok[r];
+    for (int64_t t = t0; t < t1; ++t) {
       if (bf16) {
         const c10::BFloat16* p = x.data_ptr<c10::BFloat16>() + t * H;
         for (int64_t i = 0; i < H; ++i) row[i] = float(p[i]);
       } else {
         std::copy(x.data_ptr<float>() + t * H, x.data_ptr<float>() + (t + 1) * H, row.begin());
       }
-      isa.prepare_row(gu.fmt, row.data(), H, xg.data() + r * kh);
+      isa.prepare_row(gu.fmt, row.data(), H, xt.data() + t * kh);
     }
+  });
+  at::parallel_for(0, N, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) std::memcpy(xg.data() + r * kh, xt.data() + tok[r] * kh, sizeof(float) * kh);
   });
 
   // gate_up with the activation: work items (expert, block of gate columns), balanced by cost.
