@@ -1,7 +1,9 @@
 """The decode step's small operations on the compiled CPU kernels (kernels/cpu/csrc/step_ops.cpp):
 RMSNorm (after the residual add), the per-head q/k RMSNorm with rope, decode attention over the paged
 KV cache, the softmax top-k routing plan; and a decoder layer's whole attention half of a decode step
-(those operations and its projections) in one call (`decode_layer`, kernels/cpu/csrc/decode_layer.cpp).
+(those operations and its projections) in one call (`decode_layer`, kernels/cpu/csrc/decode_layer.cpp),
+and for a MoE layer whose experts this process holds, that call followed by the routed expert MLP on
+its plan (`decode_layer_experts`): a decode step's whole layer in one call.
 
 Each is one compiled call where the torch code it replaces dispatches several ops; the numbers agree
 with that code to float rounding (same rounding points, float32 sums in another order). Each returns
@@ -21,7 +23,9 @@ from torch import Tensor
 
 from kernels.cpu.build import extension
 from kernels.cpu.linear_cpu import kernel_args
+from kernels.cpu.moe_mlp_cpu import ACT_CODES, MAX_ROWS_PER_EXPERT, kernel_view
 from kernels.cpu.variant import selected_variant
+from kernels.experts import ExpertWeights
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -164,3 +168,48 @@ def decode_layer(
         layer.variant,
     )
     return x, h, ((token_idx, weights, expert_ids, counts) if top_k else None)
+
+
+@dataclass(frozen=True)
+class DecodeExperts:
+    """One MoE layer's experts handed to the compiled kernels once (`decode_experts_weights`) for
+    `decode_layer_experts`: the extension's handle and the kernels' view of the weights it was made
+    from (`kernels.cpu.moe_mlp_cpu.kernel_view`; a replaced projection makes a new view)."""
+
+    handle: object
+    view: tuple
+
+
+def decode_experts_weights(w: ExpertWeights) -> DecodeExperts | None:
+    """All E experts of a layer (local index == expert id) -> a `DecodeExperts`, or None where the
+    compiled kernels do not read them (no compiled extension, a format or layout they do not read, not
+    on the CPU): the caller then submits the layer's plan as usual. The handle does not depend on the
+    variant: `decode_layer_experts` runs the one its `DecodeLayer` was held for."""
+    ext = extension()
+    if ext is None:
+        return None
+    view = kernel_view(w)
+    reason, gu, dn, gu_bias, dn_bias = view
+    if reason is not None or w.activation not in ACT_CODES:
+        return None
+    handle = ext.LayerExperts(gu, gu_bias, dn, dn_bias, ACT_CODES[w.activation], w.intermediate_size)
+    return DecodeExperts(handle, view)
+
+
+def decode_layer_experts(
+    layer: DecodeLayer, experts: DecodeExperts, x: Tensor, residual: Tensor | None, cos: Tensor, sin_signed: Tensor,
+    k_cache: Tensor, v_cache: Tensor, slots: Tensor, tables: Tensor, mask: Tensor, top_k: int, normalize: bool,
+) -> tuple[Tensor, Tensor] | None:
+    """`decode_layer` with routing (top_k >= 1), then the layer's experts on its dropless plan, as
+    `kernels.moe_mlp` computes them -> (x + residual, the layer's MLP output [T, H] in x.dtype). None
+    where it does not run (as `decode_layer`, or more than MAX_ROWS_PER_EXPERT tokens): the caller
+    then runs `decode_layer` and submits the plan."""
+    if (
+        top_k < 1 or x.dtype != layer.dtype or x.dim() != 2 or x.shape[0] > min(layer.max_rows, MAX_ROWS_PER_EXPERT)
+        or selected_variant() != layer.variant
+    ):
+        return None
+    return extension().decode_layer_experts(
+        layer.handle, experts.handle, x.contiguous(), residual, cos, sin_signed, k_cache, v_cache, slots, tables, mask,
+        top_k, normalize, layer.variant,
+    )

@@ -25,10 +25,11 @@ from moemesh.models.layers import (
     rope_for_step, silu_mlp,
 )
 from kernels.cpu.linear_cpu import holds_plain
-from kernels.cpu.step_ops import DecodeLayer, decode_layer, decode_layer_weights
+from kernels.cpu.step_ops import DecodeLayer, decode_layer, decode_layer_experts, decode_layer_weights
 from kernels.prepare import check_dense_dtype
 from moemesh.moe.dispatch import DispatchPlan, route
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
+from moemesh.moe.local_experts import LocalExperts
 from moemesh.contracts.knobs import MoeKnobs
 from moemesh.models.stages import run_to_end
 
@@ -165,11 +166,22 @@ class MoeDecoderLM:
         rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # shared by every layer
         mlp_out = None  # [T, H] the previous layer's MLP output, added to x together with the next norm
         decoding = 0 < meta.num_decode == meta.num_tokens and not meta.chunks  # one token per sequence, each after its cache
+        local = experts if isinstance(experts, LocalExperts) else None  # experts held in this process
         for idx, lyr in enumerate(self.layers):
             k_cache, v_cache = kv_caches[idx]
             lk = knobs.for_layer(idx) if lyr.router is not None else None
             top_k = (lk.top_k or cfg.top_k) if lk is not None else 0
             routes_here = lk is not None and lk.capacity_factor == 0 and top_k < cfg.num_experts  # route's compiled plan
+            held = local.decode_kernels(idx) if decoding and routes_here and local is not None and lyr.fused is not None else None
+            if held is not None:  # the whole layer in one call: attention half, plan, experts
+                both = decode_layer_experts(
+                    lyr.fused, held, x, mlp_out, *rope_cs, k_cache, v_cache, meta.slot_mapping, meta.decode_block_tables,
+                    meta.decode_mask, top_k, cfg.norm_topk_prob,
+                )
+                if both is not None:
+                    x, mlp_out = both
+                    yield
+                    continue
             fused = None
             if decoding and lyr.fused is not None:
                 fused = decode_layer(

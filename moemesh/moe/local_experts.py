@@ -9,6 +9,8 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
+from kernels.cpu.moe_mlp_cpu import kernel_view
+from kernels.cpu.step_ops import DecodeExperts, decode_experts_weights
 from moemesh.checkpoint import CheckpointReader
 from moemesh.checkpoint.progress import load_progress
 from moemesh.config import ModelConfig
@@ -22,6 +24,8 @@ class LocalExperts:
 
     def __init__(self, layers: Mapping[int, LayerExperts]) -> None:
         self.layers = dict(layers)
+        # layer -> (the LayerExperts it was made for, its `DecodeExperts` or None)
+        self._decode: dict[int, tuple[LayerExperts, DecodeExperts | None]] = {}
 
     @classmethod
     def from_checkpoint(
@@ -48,6 +52,18 @@ class LocalExperts:
             copy_bytes = sum(t.numel() * t.element_size() for c in cats for t in (c.gate_up, c.down))
             pack = pack_by_default(cfg.top_k, cfg.num_experts, cats[0].gate_up.dtype, cats[0].gate_up.device, copy_bytes)
         return cls({layer: lx.packed() for layer, lx in layers.items()} if pack else layers)
+
+    def decode_kernels(self, layer: int) -> DecodeExperts | None:
+        """The layer's experts as the compiled kernels' one-call decode layer reads them
+        (`kernels.cpu.step_ops.decode_layer_experts`: the layer's plan computed as `submit` computes it),
+        made on first use and again when the layer's experts or their projections are replaced; None
+        where the kernels do not read them or the layer has no experts here."""
+        experts = self.layers.get(layer)
+        held = self._decode.get(layer)
+        if held is None or held[0] is not experts or (held[1] is not None and kernel_view(experts.weights) is not held[1].view):
+            held = (experts, decode_experts_weights(experts.weights) if experts is not None else None)
+            self._decode[layer] = held
+        return held[1]
 
     def submit(self, layer: int, x: Tensor, plan: DispatchPlan) -> Tensor:
         """x [T, H] -> [T, H], computed now (see `ExpertCompute`)."""

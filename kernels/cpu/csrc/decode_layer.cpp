@@ -1,7 +1,9 @@
 // A decoder layer's attention half of a decode step in one call: the residual add and input norm, the
 // q/k/v projection (and its bias), the per-head q/k norm with rope, decode attention over the paged KV
 // cache, the output projection, the residual add and post-attention norm, and for a MoE layer the
-// router's logits and the top-k dispatch plan.
+// router's logits and the top-k dispatch plan; and, with the layer's experts held in process
+// (`LayerExperts` below), the routed expert MLP on that plan, so a MoE layer's whole decode step is
+// one call.
 //
 // Each stage is the extension's own operation (ops.h) that the Python decoder
 // (moemesh/models/decoder.py, attention.py, layers.py, moe/dispatch.py) calls one by one on a decode
@@ -103,6 +105,41 @@ Step run(const DecodeLayer& L, const at::Tensor& x, const std::optional<at::Tens
   return {x2, h, token_idx, weights, expert_ids, counts};
 }
 
+// One MoE layer's experts as moe_mlp reads them (every expert of the layer, local index == expert id),
+// handed over once; the tensors are shared, not copied.
+struct LayerExperts {
+  std::vector<int64_t> gu_ints;
+  at::Tensor gu_data, gu_scale, gu_scale2;
+  std::optional<at::Tensor> gu_bias;
+  std::vector<int64_t> dn_ints;
+  at::Tensor dn_data, dn_scale, dn_scale2;
+  std::optional<at::Tensor> dn_bias;
+  int64_t act, inter;
+};
+
+LayerExperts make_experts(const ProjectionArgs& gu, const std::optional<at::Tensor>& gu_bias, const ProjectionArgs& dn,
+                          const std::optional<at::Tensor>& dn_bias, int64_t act, int64_t inter) {
+  TORCH_CHECK_VALUE(inter > 0, "inter: expected a positive intermediate size, got ", inter);
+  return {std::get<0>(gu), std::get<1>(gu), std::get<2>(gu), std::get<3>(gu), gu_bias,
+          std::get<0>(dn), std::get<1>(dn), std::get<2>(dn), std::get<3>(dn), dn_bias, act, inter};
+}
+
+// `run` with routing (top_k > 0), then the experts on its plan -> (x + residual, the layer's MLP
+// output [T, H] in x's dtype: what the next layer takes as its residual).
+std::tuple<at::Tensor, at::Tensor> run_with_experts(
+    const DecodeLayer& L, const LayerExperts& X, const at::Tensor& x, const std::optional<at::Tensor>& residual,
+    const at::Tensor& cos, const at::Tensor& sin_signed, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& mask, int64_t top_k, bool normalize,
+    const std::string& variant) {
+  TORCH_CHECK_VALUE(top_k > 0, "top_k: the experts need a routed layer, got ", top_k);
+  at::Tensor x2, h, token_idx, weights, expert_ids, counts;
+  std::tie(x2, h, token_idx, weights, expert_ids, counts) =
+      run(L, x, residual, cos, sin_signed, k_cache, v_cache, slots, tables, mask, top_k, normalize, variant);
+  at::Tensor out = moe_mlp(h, token_idx, weights, expert_ids, counts, X.gu_ints, X.gu_data, X.gu_scale, X.gu_scale2,
+                           X.gu_bias, X.dn_ints, X.dn_data, X.dn_scale, X.dn_scale2, X.dn_bias, X.act, X.inter, variant);
+  return {x2, out};
+}
+
 }  // namespace
 
 // the GIL is released while a layer runs, as for the other kernels
@@ -112,6 +149,12 @@ void bind_decode_layer(pybind11::module_& m) {
   m.def("decode_layer", &run,
         "x [T, H], the previous MLP output or None -> (x + it, the post-attention norm of x + it + attention, and with "
         "top_k > 0 the dispatch plan token_idx, weights, expert_ids, counts)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  pybind11::class_<LayerExperts>(m, "LayerExperts", "one MoE layer's experts, for decode_layer_experts")
+      .def(pybind11::init(&make_experts));
+  m.def("decode_layer_experts", &run_with_experts,
+        "decode_layer with routing, then the layer's experts on its plan -> (x + the previous MLP output, this "
+        "layer's MLP output)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 

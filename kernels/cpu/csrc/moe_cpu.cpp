@@ -142,6 +142,8 @@ std::vector<int64_t> split_by_cost(const std::vector<int64_t>& costs, int64_t pa
   return bounds;
 }
 
+}  // namespace
+
 // x [T, H] float32/bfloat16; token_idx [N] int64; row_weight [N] float32; expert_idx [G] int64;
 // counts [G] int64 -> [T, H] in x's dtype (accumulated in float32).
 at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::Tensor& row_weight,
@@ -285,7 +287,6 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   return out.to(x.scalar_type());
 }
 
-}  // namespace
 
 // x [M, K] float32/bfloat16 contiguous; one projection W [N, K] in any stored format, given as the
 // experts' are (ints, data, scale, scale2; see weights_of) for one "expert": data [N, ...] or

@@ -1,11 +1,16 @@
 """kernels.cpu.step_ops.decode_layer (kernels/cpu/csrc/decode_layer.cpp): a decoder layer's attention half
-of a decode step in one call, against the decoder's ops called one by one; and the decoder taking it."""
+of a decode step in one call, against the decoder's ops called one by one; decode_layer_experts, the
+same call followed by the layer's experts, against decode_layer and kernels.moe_mlp; and the decoder
+taking them."""
 import dataclasses
 
 import pytest
 import torch
 
+from kernels import ExpertWeights, moe_mlp
 from kernels.cpu import step_ops
+from kernels.cpu.build import extension
+from kernels.cpu.moe_mlp_cpu import MAX_ROWS_PER_EXPERT
 from kernels.cpu.variant import VARIANT_ENV, available_variants
 from moemesh.engine import EngineConfig, LLMEngine, SamplingParams
 from moemesh.models import decoder
@@ -13,6 +18,8 @@ from moemesh.models.attention import AttentionWeights, attention
 from moemesh.models.batch import BatchMeta, SeqSlice
 from moemesh.models.layers import RotaryTable, add_rms_norm, linear, matmul_layout, rms_norm, rope_for_step
 from moemesh.moe.dispatch import route
+from moemesh.moe.local_experts import LocalExperts
+from tests.kernels.cpu.test_cpu_kernels import weights as expert_weights
 
 NH, KVH, D, H, E, BS = 4, 2, 32, 96, 8, 4
 EPS = 1e-6
@@ -136,13 +143,101 @@ def test_bad_input_is_a_value_error_naming_it():
         step_ops.decode_layer(layer, x, residual[:, :64].contiguous(), *tail, 0, True)
 
 
+I = 40  # the experts' intermediate size
+
+
+def moe_layer(dtype, fmt: str, bias: bool):
+    """A MoE layer's `DecodeLayer` (its router routes over E experts) and its experts in `fmt`."""
+    attn, in_norm, post_norm, router = make_layer(dtype, True, False, router=True, fp8=False)
+    layer = step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, attn.o, router, None, attn.qk_norm, NH, KVH, D, EPS, EPS)
+    return layer, expert_weights(fmt, dtype, H, I, bias=bias, e=E, seed=4)
+
+
+@pytest.mark.parametrize("fmt,dtype,bias", [
+    ("bf16", torch.bfloat16, True), ("f32", torch.float32, False), ("mxfp4", torch.bfloat16, True),
+    ("nvfp4", torch.bfloat16, False), ("fp8", torch.bfloat16, False),
+])
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("first", [False, True])
+def test_one_call_moe_layer_gives_the_two_calls_values(fmt, dtype, bias, tokens, first):
+    """decode_layer_experts = decode_layer with routing, then kernels.moe_mlp on its plan, bit for bit."""
+    layer, w = moe_layer(dtype, fmt, bias)
+    held = step_ops.decode_experts_weights(w)
+    assert layer is not None and held is not None
+    meta, caches, x, residual, _, rope_cs = decode_batch(tokens, dtype)
+    residual = None if first else residual
+    want_caches = [c.clone() for c in caches]
+    tail = (meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, 3, True)
+    x1, h, plan = step_ops.decode_layer(layer, x, residual, *rope_cs, *want_caches, *tail)
+    want = moe_mlp(h, *plan, w)  # [T, H]
+    got = step_ops.decode_layer_experts(layer, held, x, residual, *rope_cs, *caches, *tail)
+    assert got is not None
+    assert torch.equal(got[0], x1) and got[1].dtype == dtype and torch.equal(got[1], want)
+    assert torch.equal(caches[0], want_caches[0]) and torch.equal(caches[1], want_caches[1])
+
+
+def test_one_call_moe_layer_where_it_does_not_run(monkeypatch):
+    layer, w = moe_layer(torch.bfloat16, "mxfp4", False)
+    held = step_ops.decode_experts_weights(w)
+    meta, caches, x, residual, _, rope_cs = decode_batch(1, torch.bfloat16)
+    args = (*rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+    assert step_ops.decode_layer_experts(layer, held, x, residual, *args, 0, True) is None  # no routing: no plan
+    assert step_ops.decode_layer_experts(layer, held, x.float(), residual.float(), *args, 2, True) is None  # another dtype
+    many = torch.zeros(min(layer.max_rows, MAX_ROWS_PER_EXPERT) + 1, H, dtype=torch.bfloat16)
+    assert step_ops.decode_layer_experts(layer, held, many, many, *args, 2, True) is None  # more rows than the kernels take
+    half = ExpertWeights(torch.zeros(E, 2 * I, H, dtype=torch.float16), torch.zeros(E, H, I, dtype=torch.float16))
+    assert step_ops.decode_experts_weights(half) is None  # a dtype the kernels do not read
+    monkeypatch.setenv(VARIANT_ENV, "torch")
+    assert step_ops.decode_layer_experts(layer, held, x, residual, *args, 2, True) is None  # the variant is no longer selected
+
+
+def test_one_call_moe_layer_bad_input_is_a_value_error_naming_it():
+    layer, w = moe_layer(torch.bfloat16, "bf16", False)
+    fewer = step_ops.decode_experts_weights(expert_weights("bf16", torch.bfloat16, H, I, e=2))  # 2 experts, the router routes over 8
+    meta, caches, x, residual, _, rope_cs = decode_batch(3, torch.bfloat16)
+    args = (*rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, 8, True)
+    with pytest.raises(ValueError, match="expert_idx: indices must lie in"):
+        step_ops.decode_layer_experts(layer, fewer, x, residual, *args)
+    gu, dn = step_ops.decode_experts_weights(w).view[1:3]
+    with pytest.raises(ValueError, match="inter"):
+        extension().LayerExperts(gu, None, dn, None, 0, 0)
+
+
+def test_the_decoder_takes_the_one_call_moe_layer_with_the_same_tokens(tiny_ckpt, monkeypatch):
+    """Greedy generation with every MoE layer's decode step in one call (experts held in process) and
+    with the attention half and the experts as two calls: the same tokens and log-probabilities, bit
+    for bit."""
+    ran = []
+
+    def counted(*args, **kwargs):
+        out = step_ops.decode_layer_experts(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decoder, "decode_layer_experts", counted)
+    path, _ = tiny_ckpt("qwen3_moe", norm_topk_prob=True, mlp_only_layers=[0])
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, top_logprobs=2)
+    engine = LLMEngine(EngineConfig(str(path), dtype="bfloat16", block_size=4, kv_cache_tokens=256, num_threads=1))
+    prompts = [[5, 17, 301, 42, 9, 77, 123], [250, 3, 64]]
+    one = engine.generate(prompts, params)
+    moe_layers = sum(lyr.router is not None for lyr in engine.model.layers)
+    assert len(ran) == 11 * moe_layers and all(ran)  # every decode step's MoE layers (11 steps after the prefill)
+    monkeypatch.setattr(LocalExperts, "decode_kernels", lambda self, layer: None)
+    two = engine.generate(prompts, params)
+    assert len(ran) == 11 * moe_layers
+    for a, b in zip(one, two):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
 @pytest.mark.parametrize("arch,overrides", [
     ("qwen3_moe", dict(norm_topk_prob=True, mlp_only_layers=[0])),
     ("mixtral", dict(sliding_window=5, num_experts_per_tok=3)),
 ])
 def test_the_decoder_takes_it_on_decode_steps_with_the_same_tokens(tiny_ckpt, arch, overrides, monkeypatch):
     """Greedy generation with every layer's one-call attention half and with none: the same tokens and
-    log-probabilities, bit for bit (prefill runs op by op in both)."""
+    log-probabilities, bit for bit (prefill runs op by op in both). The experts are submitted apart
+    (the one-call MoE layer is the test above)."""
+    monkeypatch.setattr(LocalExperts, "decode_kernels", lambda self, layer: None)
     ran = []
 
     def counted(*args, **kwargs):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kernels import ExpertWeights
+from kernels.cpu.variant import available_variants
 from kernels.moe_mlp import moe_mlp
 from moemesh.moe.dispatch import make_plan
 from moemesh.moe.gate import softmax_topk
@@ -83,3 +84,25 @@ def test_pack_and_the_all_experts_path_are_choices_at_load(tiny_ckpt):
     if torch.backends.mkldnn.is_available():
         assert LocalExperts.from_checkpoint(reader, every, torch.bfloat16, pack=True).layers[layer].concatenated.gate_up.is_mkldnn
         assert not LocalExperts.from_checkpoint(reader, every, torch.bfloat16, pack=False).layers[layer].concatenated.gate_up.is_mkldnn
+
+
+def test_decode_kernels_are_made_once_and_again_when_the_experts_change():
+    """The one-call decode layer's hold of a layer's experts: made on first use, kept, made again when
+    the layer's experts or their projections are replaced; None for a layer not held here."""
+    if not available_variants():
+        pytest.skip("the compiled CPU kernels do not run here")
+    plain = weights()
+    w = ExpertWeights(plain.gate_up.to(torch.bfloat16), plain.down.to(torch.bfloat16))
+    held = local(w)
+    first = held.decode_kernels(0)
+    assert first is not None and held.decode_kernels(0) is first
+    assert held.decode_kernels(1) is None  # no experts of layer 1 here
+    other = weights(seed=1)
+    w.gate_up, w.down = other.gate_up.to(torch.bfloat16), other.down.to(torch.bfloat16)  # projections replaced in place
+    second = held.decode_kernels(0)
+    assert second is not None and second is not first and held.decode_kernels(0) is second
+    held.layers[0] = LayerExperts.hold(range(4), weights(seed=2), all_experts_path=False)
+    third = held.decode_kernels(0)
+    assert third is not None and third is not second
+    held.layers[0] = LayerExperts.hold(range(4), ExpertWeights(torch.zeros(4, 16, 16, dtype=torch.float16), torch.zeros(4, 16, 8, dtype=torch.float16)), all_experts_path=False)
+    assert held.decode_kernels(0) is None  # float16 experts: the kernels do not read them
