@@ -18,10 +18,14 @@ from bench.shapes import SHAPES, checkpoint_dir
 WARMUP_STEPS = 8
 
 
-def parse_args(doc: str, argv: list[str] | None, steps: int = 300) -> argparse.Namespace:
+def parse_args(
+    doc: str, argv: list[str] | None, steps: int = 300, extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     """A bench's arguments (described by its docstring's first line), checked: --shape, --model,
-    --experts-dtype, --steps, --threads, --concurrent."""
+    --experts-dtype, --steps, --threads, --concurrent, and those `extra` adds to the parser."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if extra is not None:
+        extra(p)
     p.add_argument("--shape", choices=tuple(SHAPES), default="qwen3-sparse", help="named checkpoint (bench/shapes.py)")
     p.add_argument("--model", default=None, help="a checkpoint directory instead of --shape")
     p.add_argument("--experts-dtype", default=None, help="expert weight format (EngineConfig.experts_dtype); unset: as stored")
