@@ -7,14 +7,15 @@ On a decode step the decoder runs each layer's norms, q/k/v, q/k norm and rope, 
 post-attention norm, router and top-k plan as one call into the compiled CPU kernels
 (`kernels.cpu.step_ops.decode_layer`) where its weights allow it, and op by op from Python
 otherwise (the same values); where the experts are held in process, a MoE layer's experts run in
-the same call (`decode_layer_experts`). This loads the checkpoint once, gives the engine greedy
-requests, then times `engine.step()` both ways, in turns (which goes first alternates), so that both
-see the same machine and the same weights; it prints each side's median ms per step and the ratio.
+the same call, and a run of consecutive MoE layers goes in one call (`decode_layers_experts`). This
+loads the checkpoint once, gives the engine greedy requests, then times `engine.step()` both ways,
+in turns (which goes first alternates), so that both see the same machine and the same weights; it
+prints each side's median ms per step and the ratio.
 
 --compare attention (default): the attention half in one call against op by op, the experts
   submitted apart on both sides.
---compare experts: the whole MoE layer in one call against the attention half in one call and the
-  experts submitted apart.
+--compare experts: the MoE layers in one call per run against the attention half in one call and
+  the experts submitted apart, layer by layer.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         what, other = "attention half in one call", "op by op"
         sides = {"one call": step_with(fused, False), other: step_with(op_by_op, False)}
     else:
-        what, other = "MoE layer in one call", "experts apart"
+        what, other = "MoE layers in one call per run", "experts apart"
         sides = {"one call": step_with(fused, True), other: step_with(fused, False)}
     med = alternate(ns.steps, sides)
     engine.model.layers = fused

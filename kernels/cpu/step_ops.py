@@ -3,7 +3,8 @@ RMSNorm (after the residual add), the per-head q/k RMSNorm with rope, decode att
 KV cache, the softmax top-k routing plan; and a decoder layer's whole attention half of a decode step
 (those operations and its projections) in one call (`decode_layer`, kernels/cpu/csrc/decode_layer.cpp),
 and for a MoE layer whose experts this process holds, that call followed by the routed expert MLP on
-its plan (`decode_layer_experts`): a decode step's whole layer in one call.
+its plan, for a run of consecutive MoE layers (`decode_layers_experts`): their whole decode step in
+one call.
 
 Each is one compiled call where the torch code it replaces dispatches several ops; the numbers agree
 with that code to float rounding (same rounding points, float32 sums in another order). Each returns
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -173,7 +175,7 @@ def decode_layer(
 @dataclass(frozen=True)
 class DecodeExperts:
     """One MoE layer's experts handed to the compiled kernels once (`decode_experts_weights`) for
-    `decode_layer_experts`: the extension's handle and the kernels' view of the weights it was made
+    `decode_layers_experts`: the extension's handle and the kernels' view of the weights it was made
     from (`kernels.cpu.moe_mlp_cpu.kernel_view`; a replaced projection makes a new view)."""
 
     handle: object
@@ -184,7 +186,7 @@ def decode_experts_weights(w: ExpertWeights) -> DecodeExperts | None:
     """All E experts of a layer (local index == expert id) -> a `DecodeExperts`, or None where the
     compiled kernels do not read them (no compiled extension, a format or layout they do not read, not
     on the CPU): the caller then submits the layer's plan as usual. The handle does not depend on the
-    variant: `decode_layer_experts` runs the one its `DecodeLayer` was held for."""
+    variant: `decode_layers_experts` runs the one its `DecodeLayer`s were held for."""
     ext = extension()
     if ext is None:
         return None
@@ -196,20 +198,25 @@ def decode_experts_weights(w: ExpertWeights) -> DecodeExperts | None:
     return DecodeExperts(handle, view)
 
 
-def decode_layer_experts(
-    layer: DecodeLayer, experts: DecodeExperts, x: Tensor, residual: Tensor | None, cos: Tensor, sin_signed: Tensor,
-    k_cache: Tensor, v_cache: Tensor, slots: Tensor, tables: Tensor, mask: Tensor, top_k: int, normalize: bool,
+def decode_layers_experts(
+    layers: Sequence[DecodeLayer], experts: Sequence[DecodeExperts], x: Tensor, residual: Tensor | None, cos: Tensor,
+    sin_signed: Tensor, k_caches: Sequence[Tensor], v_caches: Sequence[Tensor], slots: Tensor, tables: Tensor, mask: Tensor,
+    top_ks: Sequence[int], normalize: bool,
 ) -> tuple[Tensor, Tensor] | None:
-    """`decode_layer` with routing (top_k >= 1), then the layer's experts on its dropless plan, as
-    `kernels.moe_mlp` computes them -> (x + residual, the layer's MLP output [T, H] in x.dtype). None
-    where it does not run (as `decode_layer`, or more than MAX_ROWS_PER_EXPERT tokens): the caller
-    then runs `decode_layer` and submits the plan."""
+    """Consecutive MoE layers' decode step in one call: for each, `decode_layer` with routing (its
+    top_k >= 1), then its experts on that dropless plan as `kernels.moe_mlp` computes them, its MLP
+    output the next layer's residual -> (x + the last residual added, the last layer's MLP output
+    [T, H] in x.dtype). Per layer: its `DecodeLayer`, `DecodeExperts`, KV cache and top-k. None where
+    it does not run (as `decode_layer` for any of the layers, or more than MAX_ROWS_PER_EXPERT
+    tokens): the caller then runs each layer's `decode_layer` and submits its plan."""
+    rows = min(MAX_ROWS_PER_EXPERT, *(lyr.max_rows for lyr in layers)) if layers else 0
+    variant = selected_variant()
     if (
-        top_k < 1 or x.dtype != layer.dtype or x.dim() != 2 or x.shape[0] > min(layer.max_rows, MAX_ROWS_PER_EXPERT)
-        or selected_variant() != layer.variant
+        not layers or x.dtype != layers[0].dtype or x.dim() != 2 or x.shape[0] > rows or min(top_ks) < 1
+        or any(lyr.variant != variant or lyr.dtype != x.dtype for lyr in layers)
     ):
         return None
-    return extension().decode_layer_experts(
-        layer.handle, experts.handle, x.contiguous(), residual, cos, sin_signed, k_cache, v_cache, slots, tables, mask,
-        top_k, normalize, layer.variant,
+    return extension().decode_layers_experts(
+        [lyr.handle for lyr in layers], [e.handle for e in experts], x.contiguous(), residual, cos, sin_signed,
+        list(k_caches), list(v_caches), slots, tables, mask, list(top_ks), normalize, variant,
     )

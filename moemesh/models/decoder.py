@@ -25,7 +25,7 @@ from moemesh.models.layers import (
     rope_for_step, silu_mlp,
 )
 from kernels.cpu.linear_cpu import holds_plain
-from kernels.cpu.step_ops import DecodeLayer, decode_layer, decode_layer_experts, decode_layer_weights
+from kernels.cpu.step_ops import DecodeExperts, DecodeLayer, decode_layer, decode_layer_weights, decode_layers_experts
 from kernels.prepare import check_dense_dtype
 from moemesh.moe.dispatch import DispatchPlan, route
 from moemesh.moe.expert_compute import ExpertCompute, expert_output
@@ -54,6 +54,15 @@ class DecoderLayer:
     # the same weights handed to the compiled kernels' one-call attention half of a decode step
     # (`kernels.cpu.step_ops.decode_layer`), where they read them all
     fused: DecodeLayer | None = None
+
+
+@dataclass
+class OneCallRun:
+    """Consecutive MoE layers of a decode step in one compiled call: each layer's experts as the
+    kernels hold them and its top-k, in layer order."""
+
+    held: list[DecodeExperts]
+    top_ks: list[int]
 
 
 class MoeDecoderLM:
@@ -166,22 +175,30 @@ class MoeDecoderLM:
         rope_cs = rope_for_step(self.rope, meta.positions, self.dtype)  # shared by every layer
         mlp_out = None  # [T, H] the previous layer's MLP output, added to x together with the next norm
         decoding = 0 < meta.num_decode == meta.num_tokens and not meta.chunks  # one token per sequence, each after its cache
-        local = experts if isinstance(experts, LocalExperts) else None  # experts held in this process
+        runs = self._one_call_runs(experts, knobs) if decoding else {}
+        done = 0  # layers before this one ran in a one-call run
         for idx, lyr in enumerate(self.layers):
+            if idx < done:
+                continue
+            run = runs.get(idx)
+            if run is not None:  # consecutive MoE layers' whole decode step in one call: attention, plan, experts
+                layers = range(idx, idx + len(run.held))
+                both = decode_layers_experts(
+                    [self.layers[i].fused for i in layers], run.held, x, mlp_out, *rope_cs, [kv_caches[i][0] for i in layers],
+                    [kv_caches[i][1] for i in layers], meta.slot_mapping, meta.decode_block_tables, meta.decode_mask,
+                    run.top_ks, cfg.norm_topk_prob,
+                )
+                if both is not None:
+                    x, mlp_out = both
+                    for _ in layers:
+                        yield
+                    done = layers.stop
+                    continue
+                runs = {}  # not taken (the rows, dtype or variant): every layer runs as below
             k_cache, v_cache = kv_caches[idx]
             lk = knobs.for_layer(idx) if lyr.router is not None else None
             top_k = (lk.top_k or cfg.top_k) if lk is not None else 0
             routes_here = lk is not None and lk.capacity_factor == 0 and top_k < cfg.num_experts  # route's compiled plan
-            held = local.decode_kernels(idx) if decoding and routes_here and local is not None and lyr.fused is not None else None
-            if held is not None:  # the whole layer in one call: attention half, plan, experts
-                both = decode_layer_experts(
-                    lyr.fused, held, x, mlp_out, *rope_cs, k_cache, v_cache, meta.slot_mapping, meta.decode_block_tables,
-                    meta.decode_mask, top_k, cfg.norm_topk_prob,
-                )
-                if both is not None:
-                    x, mlp_out = both
-                    yield
-                    continue
             fused = None
             if decoding and lyr.fused is not None:
                 fused = decode_layer(
@@ -207,6 +224,28 @@ class MoeDecoderLM:
             x = x + mlp_out
         h = rms_norm(x[meta.logits_idx], self.norm, eps)  # [R, H]
         return linear(h, self.lm_head).float()  # [R, V]
+
+    def _one_call_runs(self, experts: ExpertCompute, knobs: MoeKnobs) -> dict[int, "OneCallRun"]:
+        """For a decode step: the runs of consecutive MoE layers that go in one compiled call
+        (`decode_layers_experts`), by their first layer: layers held for the one-call attention half
+        whose experts this process holds where the compiled kernels read them, routed by the dropless
+        top-k plan (no capacity factor, top-k below the number of experts)."""
+        if not isinstance(experts, LocalExperts):
+            return {}
+        runs: dict[int, OneCallRun] = {}
+        current = None
+        for idx, lyr in enumerate(self.layers):
+            lk = knobs.for_layer(idx) if lyr.router is not None and lyr.fused is not None else None
+            top_k = (lk.top_k or self.cfg.top_k) if lk is not None else 0
+            held = experts.decode_kernels(idx) if lk is not None and lk.capacity_factor == 0 and top_k < self.cfg.num_experts else None
+            if held is None:
+                current = None
+                continue
+            if current is None:
+                current = runs[idx] = OneCallRun([], [])
+            current.held.append(held)
+            current.top_ks.append(top_k)
+        return runs
 
     def _attention_half(
         self, lyr: DecoderLayer, x: Tensor, mlp_out: Tensor | None, meta: BatchMeta, k_cache: Tensor, v_cache: Tensor,

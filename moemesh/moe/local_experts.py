@@ -55,7 +55,7 @@ class LocalExperts:
 
     def decode_kernels(self, layer: int) -> DecodeExperts | None:
         """The layer's experts as the compiled kernels' one-call decode layer reads them
-        (`kernels.cpu.step_ops.decode_layer_experts`: the layer's plan computed as `submit` computes it),
+        (`kernels.cpu.step_ops.decode_layers_experts`: the layer's plan computed as `submit` computes it),
         made on first use and again when the layer's experts or their projections are replaced; None
         where the kernels do not read them or the layer has no experts here."""
         experts = self.layers.get(layer)

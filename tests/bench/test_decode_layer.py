@@ -25,13 +25,13 @@ def test_each_side_runs_what_it_names(tiny_shape_dir, monkeypatch):
         pytest.skip("the compiled CPU kernels do not run here")
     from moemesh.models import decoder
     calls = []
-    real = decoder.decode_layer_experts
+    real = decoder.decode_layers_experts
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counted(layers, *args, **kwargs):
+        calls.extend(layers)
+        return real(layers, *args, **kwargs)
 
-    monkeypatch.setattr(decoder, "decode_layer_experts", counted)
+    monkeypatch.setattr(decoder, "decode_layers_experts", counted)
     timed = decode_layer.alternate
 
     def alternate(steps, sides):  # only the timed steps count (the warm-up runs as the engine would)
@@ -41,7 +41,7 @@ def test_each_side_runs_what_it_names(tiny_shape_dir, monkeypatch):
     monkeypatch.setattr(decode_layer, "alternate", alternate)
     model = str(tiny_shape_dir("qwen3-sparse-tiny"))
     decode_layer.main(["--model", model, "--steps", "3", "--threads", "1", "--compare", "experts"])
-    assert len(calls) == 3 * 2  # three one-call steps of two MoE layers
+    assert len(calls) == 3 * 2  # three one-call steps of two MoE layers each
     decode_layer.main(["--model", model, "--steps", "3", "--threads", "1", "--compare", "attention"])
     assert not calls
 

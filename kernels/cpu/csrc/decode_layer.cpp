@@ -1,9 +1,9 @@
 // A decoder layer's attention half of a decode step in one call: the residual add and input norm, the
 // q/k/v projection (and its bias), the per-head q/k norm with rope, decode attention over the paged KV
 // cache, the output projection, the residual add and post-attention norm, and for a MoE layer the
-// router's logits and the top-k dispatch plan; and, with the layer's experts held in process
-// (`LayerExperts` below), the routed expert MLP on that plan, so a MoE layer's whole decode step is
-// one call.
+// router's logits and the top-k dispatch plan; and, with the layers' experts held in process
+// (`LayerExperts` below), the routed expert MLP on that plan, for a run of consecutive MoE layers:
+// their whole decode step in one call.
 //
 // Each stage is the extension's own operation (ops.h) that the Python decoder
 // (moemesh/models/decoder.py, attention.py, layers.py, moe/dispatch.py) calls one by one on a decode
@@ -140,6 +140,30 @@ std::tuple<at::Tensor, at::Tensor> run_with_experts(
   return {x2, out};
 }
 
+// run_with_experts over consecutive MoE layers, each layer's MLP output the next one's residual ->
+// (x + the last residual added, the last layer's MLP output). Per layer: its weights, experts, KV
+// cache and top-k.
+std::tuple<at::Tensor, at::Tensor> run_layers_with_experts(
+    const std::vector<const DecodeLayer*>& layers, const std::vector<const LayerExperts*>& experts, const at::Tensor& x,
+    const std::optional<at::Tensor>& residual, const at::Tensor& cos, const at::Tensor& sin_signed,
+    const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches, const at::Tensor& slots,
+    const at::Tensor& tables, const at::Tensor& mask, const std::vector<int64_t>& top_ks, bool normalize,
+    const std::string& variant) {
+  const size_t n = layers.size();
+  TORCH_CHECK_VALUE(n > 0 && experts.size() == n && k_caches.size() == n && v_caches.size() == n && top_ks.size() == n,
+                    "layers: expected as many experts, k caches, v caches and top-k values as layers (", n, "), got ",
+                    experts.size(), ", ", k_caches.size(), ", ", v_caches.size(), ", ", top_ks.size());
+  at::Tensor cur = x;  // [T, H] the residual stream
+  std::optional<at::Tensor> res = residual;
+  for (size_t i = 0; i < n; ++i) {
+    at::Tensor out;
+    std::tie(cur, out) = run_with_experts(*layers[i], *experts[i], cur, res, cos, sin_signed, k_caches[i], v_caches[i],
+                                          slots, tables, mask, top_ks[i], normalize, variant);
+    res = out;
+  }
+  return {cur, *res};
+}
+
 }  // namespace
 
 // the GIL is released while a layer runs, as for the other kernels
@@ -150,11 +174,11 @@ void bind_decode_layer(pybind11::module_& m) {
         "x [T, H], the previous MLP output or None -> (x + it, the post-attention norm of x + it + attention, and with "
         "top_k > 0 the dispatch plan token_idx, weights, expert_ids, counts)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  pybind11::class_<LayerExperts>(m, "LayerExperts", "one MoE layer's experts, for decode_layer_experts")
+  pybind11::class_<LayerExperts>(m, "LayerExperts", "one MoE layer's experts, for decode_layers_experts")
       .def(pybind11::init(&make_experts));
-  m.def("decode_layer_experts", &run_with_experts,
-        "decode_layer with routing, then the layer's experts on its plan -> (x + the previous MLP output, this "
-        "layer's MLP output)",
+  m.def("decode_layers_experts", &run_layers_with_experts,
+        "consecutive MoE layers, each decode_layer with routing then its experts on the plan, each layer's MLP output "
+        "the next one's residual -> (x + the last residual added, the last layer's MLP output)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 

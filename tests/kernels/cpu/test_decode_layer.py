@@ -1,7 +1,7 @@
 """kernels.cpu.step_ops.decode_layer (kernels/cpu/csrc/decode_layer.cpp): a decoder layer's attention half
-of a decode step in one call, against the decoder's ops called one by one; decode_layer_experts, the
-same call followed by the layer's experts, against decode_layer and kernels.moe_mlp; and the decoder
-taking them."""
+of a decode step in one call, against the decoder's ops called one by one; decode_layers_experts, that
+call followed by the layer's experts for a run of MoE layers, against decode_layer and kernels.moe_mlp;
+and the decoder taking them."""
 import dataclasses
 
 import pytest
@@ -146,11 +146,11 @@ def test_bad_input_is_a_value_error_naming_it():
 I = 40  # the experts' intermediate size
 
 
-def moe_layer(dtype, fmt: str, bias: bool):
+def moe_layer(dtype, fmt: str, bias: bool, seed: int = 0):
     """A MoE layer's `DecodeLayer` (its router routes over E experts) and its experts in `fmt`."""
-    attn, in_norm, post_norm, router = make_layer(dtype, True, False, router=True, fp8=False)
+    attn, in_norm, post_norm, router = make_layer(dtype, True, False, router=True, fp8=False, seed=seed)
     layer = step_ops.decode_layer_weights(in_norm, post_norm, attn.qkv, attn.o, router, None, attn.qk_norm, NH, KVH, D, EPS, EPS)
-    return layer, expert_weights(fmt, dtype, H, I, bias=bias, e=E, seed=4)
+    return layer, expert_weights(fmt, dtype, H, I, bias=bias, e=E, seed=4 + seed)
 
 
 @pytest.mark.parametrize("fmt,dtype,bias", [
@@ -159,72 +159,93 @@ def moe_layer(dtype, fmt: str, bias: bool):
 ])
 @pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("first", [False, True])
-def test_one_call_moe_layer_gives_the_two_calls_values(fmt, dtype, bias, tokens, first):
-    """decode_layer_experts = decode_layer with routing, then kernels.moe_mlp on its plan, bit for bit."""
-    layer, w = moe_layer(dtype, fmt, bias)
-    held = step_ops.decode_experts_weights(w)
-    assert layer is not None and held is not None
-    meta, caches, x, residual, _, rope_cs = decode_batch(tokens, dtype)
+@pytest.mark.parametrize("layers", [1, 3])
+def test_one_call_moe_layers_give_the_two_calls_values(fmt, dtype, bias, tokens, first, layers):
+    """decode_layers_experts = per layer, decode_layer with routing, then kernels.moe_mlp on its plan,
+    its output the next layer's residual; bit for bit, each layer's KV cache written."""
+    held_layers = [moe_layer(dtype, fmt, bias, seed=j) for j in range(layers)]
+    held = [step_ops.decode_experts_weights(w) for _, w in held_layers]
+    assert all(layer is not None for layer, _ in held_layers) and all(h is not None for h in held)
+    meta, _, x, residual, _, rope_cs = decode_batch(tokens, dtype)
+    caches = [decode_batch(tokens, dtype, seed=10 + j)[1] for j in range(layers)]
     residual = None if first else residual
-    want_caches = [c.clone() for c in caches]
-    tail = (meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, 3, True)
-    x1, h, plan = step_ops.decode_layer(layer, x, residual, *rope_cs, *want_caches, *tail)
-    want = moe_mlp(h, *plan, w)  # [T, H]
-    got = step_ops.decode_layer_experts(layer, held, x, residual, *rope_cs, *caches, *tail)
+    top_ks = [3, 1, 2][:layers]
+    want_caches = [[c.clone() for c in kv] for kv in caches]
+    want_x, want_out = x, residual
+    for (layer, w), kv, top_k in zip(held_layers, want_caches, top_ks):
+        want_x, h, plan = step_ops.decode_layer(layer, want_x, want_out, *rope_cs, *kv, meta.slot_mapping, meta.decode_block_tables,
+                                                meta.decode_mask, top_k, True)
+        want_out = moe_mlp(h, *plan, w)  # [T, H]
+    got = step_ops.decode_layers_experts(
+        [layer for layer, _ in held_layers], held, x, residual, *rope_cs, [kv[0] for kv in caches], [kv[1] for kv in caches],
+        meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, top_ks, True,
+    )
     assert got is not None
-    assert torch.equal(got[0], x1) and got[1].dtype == dtype and torch.equal(got[1], want)
-    assert torch.equal(caches[0], want_caches[0]) and torch.equal(caches[1], want_caches[1])
+    assert torch.equal(got[0], want_x) and got[1].dtype == dtype and torch.equal(got[1], want_out)
+    for kv, want_kv in zip(caches, want_caches):
+        assert torch.equal(kv[0], want_kv[0]) and torch.equal(kv[1], want_kv[1])
 
 
-def test_one_call_moe_layer_where_it_does_not_run(monkeypatch):
+def test_one_call_moe_layers_where_they_do_not_run(monkeypatch):
     layer, w = moe_layer(torch.bfloat16, "mxfp4", False)
     held = step_ops.decode_experts_weights(w)
     meta, caches, x, residual, _, rope_cs = decode_batch(1, torch.bfloat16)
-    args = (*rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
-    assert step_ops.decode_layer_experts(layer, held, x, residual, *args, 0, True) is None  # no routing: no plan
-    assert step_ops.decode_layer_experts(layer, held, x.float(), residual.float(), *args, 2, True) is None  # another dtype
+    args = (*rope_cs, [caches[0]], [caches[1]], meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+    call = step_ops.decode_layers_experts
+    assert call([layer], [held], x, residual, *args, [0], True) is None  # no routing: no plan
+    assert call([layer], [held], x.float(), residual.float(), *args, [2], True) is None  # another dtype
     many = torch.zeros(min(layer.max_rows, MAX_ROWS_PER_EXPERT) + 1, H, dtype=torch.bfloat16)
-    assert step_ops.decode_layer_experts(layer, held, many, many, *args, 2, True) is None  # more rows than the kernels take
+    assert call([layer], [held], many, many, *args, [2], True) is None  # more rows than the kernels take
+    f32, _ = moe_layer(torch.float32, "f32", False)
+    assert call([layer, f32], [held, held], x, residual, *args, [2, 2], True) is None  # a layer held for another dtype
     half = ExpertWeights(torch.zeros(E, 2 * I, H, dtype=torch.float16), torch.zeros(E, H, I, dtype=torch.float16))
     assert step_ops.decode_experts_weights(half) is None  # a dtype the kernels do not read
     monkeypatch.setenv(VARIANT_ENV, "torch")
-    assert step_ops.decode_layer_experts(layer, held, x, residual, *args, 2, True) is None  # the variant is no longer selected
+    assert call([layer], [held], x, residual, *args, [2], True) is None  # the variant is no longer selected
 
 
-def test_one_call_moe_layer_bad_input_is_a_value_error_naming_it():
+def test_one_call_moe_layers_bad_input_is_a_value_error_naming_it():
     layer, w = moe_layer(torch.bfloat16, "bf16", False)
+    held = step_ops.decode_experts_weights(w)
     fewer = step_ops.decode_experts_weights(expert_weights("bf16", torch.bfloat16, H, I, e=2))  # 2 experts, the router routes over 8
     meta, caches, x, residual, _, rope_cs = decode_batch(3, torch.bfloat16)
-    args = (*rope_cs, *caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask, 8, True)
+    tail = (meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+    one = ([caches[0]], [caches[1]], *tail)
     with pytest.raises(ValueError, match="expert_idx: indices must lie in"):
-        step_ops.decode_layer_experts(layer, fewer, x, residual, *args)
+        step_ops.decode_layers_experts([layer], [fewer], x, residual, *rope_cs, *one, [8], True)
+    with pytest.raises(ValueError, match="layers: expected as many experts"):
+        step_ops.decode_layers_experts([layer, layer], [held], x, residual, *rope_cs, [caches[0]] * 2, [caches[1]] * 2, *tail, [2, 2], True)
     gu, dn = step_ops.decode_experts_weights(w).view[1:3]
     with pytest.raises(ValueError, match="inter"):
         extension().LayerExperts(gu, None, dn, None, 0, 0)
 
 
-def test_the_decoder_takes_the_one_call_moe_layer_with_the_same_tokens(tiny_ckpt, monkeypatch):
-    """Greedy generation with every MoE layer's decode step in one call (experts held in process) and
-    with the attention half and the experts as two calls: the same tokens and log-probabilities, bit
-    for bit."""
+@pytest.mark.parametrize("overrides,runs", [
+    (dict(mlp_only_layers=[0]), 1),  # a dense first layer, then one run of MoE layers
+    (dict(num_hidden_layers=3, mlp_only_layers=[1]), 2),  # a dense layer between two runs
+])
+def test_the_decoder_takes_the_one_call_moe_layers_with_the_same_tokens(tiny_ckpt, monkeypatch, overrides, runs):
+    """Greedy generation with the MoE layers' decode step in one call per run of consecutive MoE
+    layers (experts held in process) and with the attention half and the experts as two calls per
+    layer: the same tokens and log-probabilities, bit for bit."""
     ran = []
 
-    def counted(*args, **kwargs):
-        out = step_ops.decode_layer_experts(*args, **kwargs)
-        ran.append(out is not None)
+    def counted(layers, *args, **kwargs):
+        out = step_ops.decode_layers_experts(layers, *args, **kwargs)
+        ran.append(len(layers) if out is not None else 0)
         return out
 
-    monkeypatch.setattr(decoder, "decode_layer_experts", counted)
-    path, _ = tiny_ckpt("qwen3_moe", norm_topk_prob=True, mlp_only_layers=[0])
+    monkeypatch.setattr(decoder, "decode_layers_experts", counted)
+    path, _ = tiny_ckpt("qwen3_moe", norm_topk_prob=True, **overrides)
     params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, top_logprobs=2)
     engine = LLMEngine(EngineConfig(str(path), dtype="bfloat16", block_size=4, kv_cache_tokens=256, num_threads=1))
     prompts = [[5, 17, 301, 42, 9, 77, 123], [250, 3, 64]]
     one = engine.generate(prompts, params)
     moe_layers = sum(lyr.router is not None for lyr in engine.model.layers)
-    assert len(ran) == 11 * moe_layers and all(ran)  # every decode step's MoE layers (11 steps after the prefill)
+    assert len(ran) == 11 * runs and sum(ran) == 11 * moe_layers  # every decode step's MoE layers (11 steps after the prefill)
     monkeypatch.setattr(LocalExperts, "decode_kernels", lambda self, layer: None)
     two = engine.generate(prompts, params)
-    assert len(ran) == 11 * moe_layers
+    assert len(ran) == 11 * runs
     for a, b in zip(one, two):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
