@@ -7,9 +7,11 @@
 the Python function calls (cProfile, counted over 3 steps), the torch operations dispatched
 (`TorchDispatchMode`, every aten call including views, over 2 steps), the wall and thread-CPU
 milliseconds (median and fastest of --steps steps, no profiler attached), and over --steps more steps
-the milliseconds inside the expert kernels, inside the dense matmuls and outside both (the step's fixed work). The two counts do not
-depend on the machine's load, so they compare commits on a shared machine where the timings cannot;
---top N also lists the N most frequent of each.
+the milliseconds inside the expert kernels, inside the one-call runs of MoE layers (attention halves
+and experts in one compiled call, where the experts are held in process), inside the dense matmuls
+and outside them (the step's fixed work). The two counts do not depend on the machine's load, so they
+compare commits on a shared machine where the timings cannot; --top N also lists the N most frequent
+of each.
 """
 from __future__ import annotations
 
@@ -66,16 +68,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ns
 
 
-def outside_the_gemms(engine, steps: int) -> tuple[float, float, float, float]:
+def outside_the_gemms(engine, steps: int) -> tuple[float, float, float, float, float]:
     """Runs `steps` decode steps timing the calls into the routed experts (`kernels.moe_mlp.run_compiled`,
-    the compiled kernels' call) and the dense matmuls (`moemesh.models.layers.linear`, wherever a
-    loaded module holds it): median ms per step inside the expert calls, inside the dense matmuls,
-    outside both, and the least ms outside. "Outside" is the step's fixed CPU work: norms, rope,
-    attention core, routing, Python."""
-    from moemesh.models import layers
+    the compiled kernels' call), into the one-call runs of MoE layers (`decode_layers_experts` as the
+    decoder calls it: attention halves and experts together, where the experts are held in process)
+    and into the dense matmuls (`moemesh.models.layers.linear`, wherever a loaded module holds it):
+    median ms per step inside the expert calls, inside the one-call runs, inside the dense matmuls,
+    outside all three, and the least ms outside. "Outside" is the step's fixed CPU work: norms, rope,
+    attention, routing, Python (for the layers not in a one-call run)."""
+    from moemesh.models import decoder, layers
 
     moe_module = sys.modules["kernels.moe_mlp"]
-    inside = {"experts": 0.0, "dense": 0.0}
+    inside = {"experts": 0.0, "runs": 0.0, "dense": 0.0}
 
     def timed(fn, key):
         def call(*args, **kwargs):
@@ -86,27 +90,30 @@ def outside_the_gemms(engine, steps: int) -> tuple[float, float, float, float]:
                 inside[key] += time.perf_counter() - t
         return call
 
-    linear, run_compiled = layers.linear, moe_module.run_compiled
+    linear, run_compiled, runs = layers.linear, moe_module.run_compiled, decoder.decode_layers_experts
     holders = [m for m in list(sys.modules.values()) if getattr(m, "linear", None) is linear]
     for m in holders:
         m.linear = timed(linear, "dense")
     moe_module.run_compiled = timed(run_compiled, "experts")
-    experts, dense, outs = [], [], []
+    decoder.decode_layers_experts = timed(runs, "runs")
+    per_step: dict[str, list[float]] = {"experts": [], "runs": [], "dense": [], "outside": []}
     try:
         for _ in range(steps):
-            inside.update(experts=0.0, dense=0.0)
+            inside.update(experts=0.0, runs=0.0, dense=0.0)
             t = time.perf_counter()
             engine.step()
             total = time.perf_counter() - t
-            experts.append(inside["experts"])
-            dense.append(inside["dense"])
-            outs.append(total - inside["experts"] - inside["dense"])
+            for key, value in inside.items():
+                per_step[key].append(value)
+            per_step["outside"].append(total - sum(inside.values()))
     finally:
         for m in holders:
             m.linear = linear
         moe_module.run_compiled = run_compiled
+        decoder.decode_layers_experts = runs
     median = lambda v: 1000 * sorted(v)[len(v) // 2]  # noqa: E731
-    return median(experts), median(dense), median(outs), 1000 * min(outs)
+    return (median(per_step["experts"]), median(per_step["runs"]), median(per_step["dense"]), median(per_step["outside"]),
+            1000 * min(per_step["outside"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per decode step: {sum(calls.values()):.0f} Python calls, {sum(ops.counts.values()) / COUNTED_STEPS:.0f} torch ops; "
           f"wall ms median {1000 * wall[len(wall) // 2]:.2f} (fastest {1000 * wall[0]:.2f}), "
           f"thread CPU ms median {1000 * cpu[len(cpu) // 2]:.2f} (fastest {1000 * cpu[0]:.2f}) over {ns.steps} steps")
-    print(f"in the expert kernels ms median {split[0]:.2f}, in the dense linears {split[1]:.2f}; outside them ms median "
-          f"{split[2]:.2f} (least {split[3]:.2f}) over {ns.steps} more steps")
+    print(f"in the expert kernels ms median {split[0]:.2f}, in the one-call MoE layer runs (attention and experts) "
+          f"{split[1]:.2f}, in the dense linears {split[2]:.2f}; outside them ms median {split[3]:.2f} (least {split[4]:.2f}) "
+          f"over {ns.steps} more steps")
     if ns.top:
         print("most frequent Python calls per step:")
         for name, n in sorted(calls.items(), key=lambda kv: -kv[1])[: ns.top]:
