@@ -167,8 +167,8 @@ class MoeDecoderLM:
         experts: ExpertCompute,
         knobs: MoeKnobs,
     ) -> Generator[None, None, Tensor]:
-        """Yields once per MoE layer (after submitting to the experts); returns logits [R, V] float32
-        for the rows meta.logits_idx."""
+        """Yields once per MoE layer (after submitting to the experts; after a one-call run of MoE
+        layers, once for each layer it ran); returns logits [R, V] float32 for the rows meta.logits_idx."""
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         x = self.embed[meta.input_ids]  # [T, H]
