@@ -287,7 +287,6 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   return out.to(x.scalar_type());
 }
 
-
 // x [M, K] float32/bfloat16 contiguous; one projection W [N, K] in any stored format, given as the
 // experts' are (ints, data, scale, scale2; see weights_of) for one "expert": data [N, ...] or
 // [1, N, ...], scale [1, *, *] (or empty), scale2 [1, S] (or empty) -> [M, N] float32 = x @ W.T.

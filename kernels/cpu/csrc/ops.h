@@ -1,7 +1,7 @@
 // The torch-level operations of the extension that other units call directly (not through Python):
 // the dense product and the routed expert MLP (moe_cpu.cpp) and the decode step's small operations
 // (step_ops.cpp), as their Python bindings describe them. decode_layer.cpp chains them into one call
-// per layer.
+// per layer, and per run of MoE layers with their experts.
 #pragma once
 #include <torch/extension.h>
 
