@@ -48,15 +48,24 @@ def greedy_engine(model: str, ns: argparse.Namespace, steps: int):
     `steps` decode steps after the warm-up, which has run."""
     from moemesh.engine import LLMEngine
     from moemesh.engine.config import EngineConfig
-    from moemesh.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model_dir=model, experts_dtype=ns.experts_dtype, num_threads=ns.threads))
+    greedy_requests(engine, ns, steps)
+    return engine
+
+
+def greedy_requests(engine, ns: argparse.Namespace, steps: int, tag: str = "r") -> None:
+    """Lets the engine's requests finish, then gives it --concurrent new greedy requests (ids `tag`0,
+    `tag`1, ...) long enough for `steps` decode steps after the warm-up, which has run."""
+    from moemesh.engine.sampling_params import SamplingParams
+
+    while engine.has_unfinished():
+        engine.step()
     params = SamplingParams(max_new_tokens=WARMUP_STEPS + steps + 2, temperature=0.0, ignore_eos=True)
     for i in range(ns.concurrent):
-        engine.add_request(f"r{i}", [1 + i, 20 + i, 300 + i, 4000 + i, 55, 66], params)
+        engine.add_request(f"{tag}{i}", [1 + i, 20 + i, 300 + i, 4000 + i, 55, 66], params)
     for _ in range(WARMUP_STEPS):
         engine.step()
-    return engine
 
 
 def alternate(steps: int, sides: dict[str, Callable[[], None]]) -> dict[str, float]:
