@@ -97,6 +97,9 @@ struct DecMXFP4 {
   Row row(int64_t n) const { return {base + n * stride, nullptr}; }
   const uint8_t* scale_row(int64_t n) const { return scale + n * ss_r; }
   void scales(int64_t n, float* out) const { V::e8m0_to_float(scale + n * ss_r, kb, out); }  // 2^(s - 127)
+  // rows n.. n + rows - 1's multipliers one after another (kb each), where their scales are stored so
+  bool scales_run_ok(int64_t, int64_t) const { return ss_r == kb; }
+  void scales_run(int64_t n, int64_t rows, float* out) const { V::e8m0_to_float(scale + n * ss_r, rows * kb, out); }
   void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const { V::e2m1_chunk1(p, r.s[c], out); }
 };
 
@@ -114,6 +117,11 @@ struct DecNVFP4 {
   void scales(int64_t n, float* out) const {  // e4m3 block scale * weight_scale_2, and a 0 past the end
     V::e4m3_to_float(scale + n * ss_r, kb, scale2[n / seg_rows], out);
     out[kb] = 0.f;
+  }
+  // as DecMXFP4's, for rows of one weight_scale_2 segment
+  bool scales_run_ok(int64_t n, int64_t rows) const { return ss_r == kb && n / seg_rows == (n + rows - 1) / seg_rows; }
+  void scales_run(int64_t n, int64_t rows, float* out) const {
+    V::e4m3_to_float(scale + n * ss_r, rows * kb, scale2[n / seg_rows], out);
   }
   void at(const Row& r, int64_t c, const uint8_t* p, int, F* out) const {
     V::e2m1_chunk(p, r.s[2 * c], r.s[2 * c + 1], out);
@@ -351,13 +359,24 @@ bool matmul_bf16(const D& d, int64_t kb, int64_t n0, int64_t n1, const float* x,
       const int nvalid = int(n1 - n < tr ? n1 - n : tr);
       const uint8_t* rd[TR];
       const float* rs[TR];
-      for (int j = 0; j < tr; ++j) {
-        const int64_t nj = n + (j < nvalid ? j : nvalid - 1);
-        float* sj = sbuf + j * per_row;
-        d.scales(nj, sj);
-        std::memset(sj + kb, 0, sizeof(float) * 8);
-        rd[j] = d.row(nj).d;
-        rs[j] = sj;
+      if (kb % (16 / LPB) == 0 && d.scales_run_ok(n, nvalid)) {
+        // every step of a row takes whole blocks (no zeros past a row's last one), and the tile's
+        // rows' scales lie one after another: decoded in one pass, row j's at sbuf + j * kb
+        d.scales_run(n, nvalid, sbuf);
+        for (int j = 0; j < tr; ++j) {
+          const int jj = j < nvalid ? j : nvalid - 1;
+          rd[j] = d.row(n + jj).d;
+          rs[j] = sbuf + jj * kb;
+        }
+      } else {
+        for (int j = 0; j < tr; ++j) {
+          const int64_t nj = n + (j < nvalid ? j : nvalid - 1);
+          float* sj = sbuf + j * per_row;
+          d.scales(nj, sj);
+          std::memset(sj + kb, 0, sizeof(float) * 8);
+          rd[j] = d.row(nj).d;
+          rs[j] = sj;
+        }
       }
       for (int64_t b = 0; b < tr * d.ss_r; b += 64) __builtin_prefetch(d.scale_row(n + ahead + tr) + b);
       for (int64_t m = 0; m < M; m += VV::MR)  // the tile from memory for the first MR rows, from L1 after
