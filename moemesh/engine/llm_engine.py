@@ -175,7 +175,7 @@ class LLMEngine:
         if not done:  # only prompt chunks that do not end their prompt
             return []
         reqs = [r for r, _ in done]
-        last = torch.stack([row for _, row in done])  # [B, V]
+        last = done[0][1][None] if len(done) == 1 else torch.stack([row for _, row in done])  # [B, V]
         sampled = sample(last, [r.params for r in reqs], [r.generator for r in reqs])
         tops = top_logprobs(last, [r.params.top_logprobs for r in reqs])
         return [self._fail(req, res) if isinstance(res, Exception) else self._update(req, *res, top)

@@ -7,11 +7,13 @@ request alone: `sample` returns the exception in its place and the other rows ar
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
+from kernels.cpu.step_ops import argmax_logsumexp as kernel_argmax_logsumexp
 from moemesh.engine.sampling_params import SamplingParams
 
 Sampled = tuple[int, float]  # (token id, its log-probability)
@@ -33,35 +35,45 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
+def argmax_logsumexp(logits: Tensor) -> tuple[list[int], list[float], list[float]]:
+    """logits [B, V] float32 -> per row its first largest entry (a NaN counting as the largest), that
+    entry's value and log(sum(exp(row))): one compiled pass per row on the CPU kernels (torch's CPU
+    argmax alone takes longer than the rest of the sampler; docs/benchmarks.md), else torch's ops."""
+    done = kernel_argmax_logsumexp(logits)
+    if done is None:
+        ids = torch.argmax(logits, dim=-1)  # [B]
+        done = ids, logits.gather(1, ids[:, None])[:, 0], torch.logsumexp(logits, dim=-1)
+    ids, top, lse = done
+    return ids.tolist(), top.tolist(), lse.tolist()
+
+
 def sample(
     logits: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
 ) -> list[Sampled | Exception]:
     """logits [B, V] float32 -> per row (token id, its log-probability under the unmodified
     distribution), or the exception that row failed with: RuntimeError "logits: ..." when the row
     holds NaN or +inf (its distribution is undefined), "sampling: ..." when drawing from it failed."""
-    logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
-    tokens = torch.argmax(logits, dim=-1)  # [B]
+    ids, top, lse = argmax_logsumexp(logits)  # log p(token) = logit - lse
     # The log-probability at the argmax is finite exactly when the row is sound: a NaN is its own
-    # argmax and makes the row NaN, a +inf makes it NaN (inf - inf), and so does a row of only -inf;
-    # so one look at [B] values replaces the checks over all V logits.
-    greedy_lp = logprobs.gather(1, tokens[:, None])[:, 0]  # [B]
-    failed: dict[int, Exception] = {}
-    for b, finite in enumerate(torch.isfinite(greedy_lp).tolist()):
-        if not finite:
-            failed[b] = RuntimeError("logits: the model computed NaN or infinite logits for this sequence")
-    drawn = False
+    # argmax and makes it NaN, a +inf makes it inf - inf (or lse NaN), and so does a row of only -inf;
+    # so one look at B values replaces the checks over all V logits.
+    out: list[Sampled | Exception] = []
     for b, (p, gen) in enumerate(zip(params, generators)):
-        if p.greedy or b in failed:
+        lp = top[b] - lse[b]
+        if not math.isfinite(lp):
+            out.append(RuntimeError("logits: the model computed NaN or infinite logits for this sequence"))
+            continue
+        if p.greedy:
+            out.append((ids[b], lp))
             continue
         try:
             row = filter_logits(logits[b] / p.temperature, p.top_k, p.top_p)
-            tokens[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)[0]
-            drawn = True
+            token = int(torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)[0])
         except RuntimeError as exc:
-            failed[b] = RuntimeError(f"sampling: drawing the next token failed ({exc})")
-    chosen = (logprobs.gather(1, tokens[:, None])[:, 0] if drawn else greedy_lp).tolist()  # [B]
-    ids = tokens.tolist()
-    return [failed[b] if b in failed else (ids[b], chosen[b]) for b in range(len(ids))]
+            out.append(RuntimeError(f"sampling: drawing the next token failed ({exc})"))
+            continue
+        out.append((token, float(logits[b, token]) - lse[b]))
+    return out
 
 
 def top_logprobs(logits: Tensor, ks: Sequence[int]) -> list[list[tuple[int, float]] | None]:

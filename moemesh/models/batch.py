@@ -80,7 +80,8 @@ class BatchMeta:
     """input_ids [T], positions [T], slot_mapping [T] (flat KV slot per token);
     decode_block_tables [B, NB], decode_mask [B, S] (True = attend); chunks: the other slices;
     logits_idx [R] rows of T whose logits are computed; logits_rows: per input SeqSlice, its (start, n) in R;
-    state_slots [N] each slice's recurrent-state slot, in token-layout order (decodes, then chunks)."""
+    state_slots [N] each slice's recurrent-state slot, in token-layout order (decodes, then chunks);
+    logits_every_row: logits_idx is every row of T in order (a decode step's), so x[logits_idx] is x."""
 
     input_ids: Tensor
     positions: Tensor
@@ -94,6 +95,11 @@ class BatchMeta:
     sliding_window: int | None
     block_size: int
     state_slots: Tensor
+    logits_every_row: bool
+
+    def logits_rows_of(self, x: Tensor) -> Tensor:
+        """x [T, ...] -> its rows logits_idx [R, ...] (x itself where they are every row in order)."""
+        return x if self.logits_every_row else x[self.logits_idx]
 
     # Per-step views every layer's decode attention reads, made once per step (not once per layer).
     @cached_property
@@ -164,6 +170,7 @@ class BatchMeta:
             sliding_window=sliding_window,
             block_size=block_size,
             state_slots=torch.tensor([seqs[i].state_slot for i in order], dtype=torch.long),
+            logits_every_row=logits_idx == list(range(len(ids))),
         )
 
 

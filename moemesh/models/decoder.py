@@ -220,9 +220,12 @@ class MoeDecoderLM:
             submitted = experts.submit(idx, h, plan)
             yield
             mlp_out = expert_output(submitted)  # [T, H]
-        if mlp_out is not None:
-            x = x + mlp_out
-        h = rms_norm(x[meta.logits_idx], self.norm, eps)  # [R, H]
+        if mlp_out is None:
+            h = rms_norm(meta.logits_rows_of(x), self.norm, eps)  # [R, H]
+        elif meta.logits_every_row:  # a decode step: the last residual add and the final norm in one op
+            h = add_rms_norm(x, mlp_out, self.norm, eps)[1]  # [T, H]
+        else:
+            h = rms_norm((x + mlp_out)[meta.logits_idx], self.norm, eps)  # [R, H]
         return linear(h, self.lm_head).float()  # [R, V]
 
     def _one_call_runs(self, experts: ExpertCompute, knobs: MoeKnobs) -> dict[int, "OneCallRun"]:

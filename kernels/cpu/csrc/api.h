@@ -72,6 +72,9 @@ constexpr int64_t ATTN_ROWS = 8;  // key rows a score block converts at once: sc
   void activation(int act, const float* g, const float* u, float* h, int64_t count);                 \
   /* src [k] -> dst [padded_k(k)] in the layout the format's kernels read */                       \
   void prepare_row(int fmt, const float* src, int64_t k, float* dst);                                 \
+  /* x [n] (n >= 1) every value finite -> true, *mx its largest value, *first that value's first   \
+     index, *sumexp the sum of exp(x[j] - *mx); false (nothing written) where one is not finite */   \
+  bool max_sumexp(const float* x, int64_t n, float* mx, int64_t* first, float* sumexp);               \
   ATTENTION_FUNCTIONS
 
 #ifdef MOEMESH_X86_KERNELS

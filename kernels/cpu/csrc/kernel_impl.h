@@ -20,6 +20,7 @@
 // (Weights::bf16_x), bfloat16 weights above MR rows (matmul_bf16w) and FP8 at any number of rows
 // instead meet them in bfloat16 dot products with float32 accumulators, the E2M1 formats at any
 // number of rows in 16-bit integer dot products (matmul_bf16).
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -551,6 +552,48 @@ void prepare_row(int fmt, const float* src, int64_t k, float* dst) {
     }
   }
   for (int64_t i = whole; i < k; ++i) dst[whole + (i & 1) * W + (i - whole) / 2] = src[i];
+}
+
+// One pass for the block maxima (blocks of SEARCH_BLOCK elements: the first block that holds the
+// row's maximum is searched for its first index afterwards) and the non-finite check (x - x is 0 for
+// a finite x, NaN otherwise), one for the exponentials (vexp: within about 2 ulp; a term below
+// exp(-87) counts as exp(-87), at most n * 2^-125 in all against a sum of at least 1).
+bool max_sumexp(const float* x, int64_t n, float* mx, int64_t* first, float* sumexp) {
+  constexpr int64_t SEARCH_BLOCK = 16 * W;
+  const int64_t whole = n / W * W;
+  F bad = V::zero();
+  float m = -INFINITY, tail_bad = 0.f;
+  int64_t block = -1, at = -1;  // the first block holding m, or (at) its index past the whole vectors
+  for (int64_t b0 = 0; b0 < whole; b0 += SEARCH_BLOCK) {
+    const int64_t b1 = b0 + SEARCH_BLOCK < whole ? b0 + SEARCH_BLOCK : whole;
+    F mv = V::load(x + b0);
+    for (int64_t j = b0; j < b1; j += W) {
+      const F v = V::load(x + j);
+      mv = V::max(mv, v);
+      bad = V::add(bad, V::sub(v, v));
+    }
+    const float bm = V::hmax(mv);
+    if (bm > m) m = bm, block = b0;
+  }
+  for (int64_t j = whole; j < n; ++j) {
+    tail_bad += x[j] - x[j];
+    if (x[j] > m) m = x[j], at = j;
+  }
+  if (!(V::hsum(bad) + tail_bad == 0.f)) return false;  // a NaN or an infinity
+  if (at < 0) {
+    const int64_t b1 = block + SEARCH_BLOCK < whole ? block + SEARCH_BLOCK : whole;
+    for (at = block; at < b1 && x[at] != m; ++at) {
+    }
+  }
+  const F mv = V::set1(m);
+  F acc = V::zero();
+  for (int64_t j = 0; j < whole; j += W) acc = V::add(acc, vexp(V::sub(V::load(x + j), mv)));
+  float s = V::hsum(acc);
+  for (int64_t j = whole; j < n; ++j) s += std::exp(x[j] - m);
+  *mx = m;
+  *first = at;
+  *sumexp = s;
+  return true;
 }
 
 }  // namespace MOEMESH_ISA

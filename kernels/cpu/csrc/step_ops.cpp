@@ -290,6 +290,71 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> route_topk(const at::
 
 namespace {
 
+// One logits row: the plain path of argmax_logsumexp (any values).
+void plain_argmax_lse(const float* x, int64_t n, int64_t* id, float* top, float* lse) {
+  float m = -INFINITY;
+  int64_t best = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::isnan(x[j])) {  // torch.argmax takes the first NaN as the largest
+      *id = j;
+      *top = *lse = NAN;
+      return;
+    }
+    if (x[j] > m) m = x[j], best = j;
+  }
+  *id = best;
+  *top = m;
+  if (!std::isfinite(m)) {  // +inf, or only -inf: no distribution
+    *lse = NAN;
+    return;
+  }
+  double s = 0.0;  // one running sum: double keeps it within float rounding over a long row
+  for (int64_t j = 0; j < n; ++j) s += std::exp(double(x[j]) - m);
+  *lse = float(m + std::log(s));
+}
+
+}  // namespace
+
+// logits [B, V] float32 -> (ids [B] int64, top [B], lse [B] float32): each row's first largest entry
+// (a NaN counts as the largest, as torch.argmax has it), its value, and log(sum(exp(row))), NaN where
+// the row holds a NaN or +inf or only -inf. Rows of finite values on the variant's vector pass (max_sumexp), the
+// others (and the "plain" variant) on plain loops; rows split over the threads.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> argmax_logsumexp(const at::Tensor& logits, const std::string& variant) {
+  TORCH_CHECK_VALUE(logits.device().is_cpu() && logits.dim() == 2 && logits.size(1) > 0 &&
+                        logits.scalar_type() == at::kFloat,
+                    "logits: expected a [B, V] float32 CPU tensor with V > 0, got ", logits.scalar_type(), " ",
+                    logits.sizes());
+  TORCH_CHECK_VALUE(variant == "plain" || supports_variant(variant), "variant: ", variant,
+                    " is not supported by this CPU or build");
+  using RowFn = bool (*)(const float*, int64_t, float*, int64_t*, float*);
+  RowFn fast = nullptr;
+#ifdef MOEMESH_X86_KERNELS
+  if (variant == "avx512") fast = avx512::max_sumexp;
+  if (variant == "avx2") fast = avx2::max_sumexp;
+#endif
+  const at::Tensor l = logits.contiguous();
+  const int64_t b_n = l.size(0), v_n = l.size(1);
+  at::Tensor ids = at::empty({b_n}, at::kLong), top = at::empty({b_n}, at::kFloat), lse = at::empty({b_n}, at::kFloat);
+  const float* lp = l.data_ptr<float>();
+  int64_t* ip = ids.data_ptr<int64_t>();
+  float* tp = top.data_ptr<float>();
+  float* sp = lse.data_ptr<float>();
+  at::parallel_for(0, b_n, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* x = lp + b * v_n;
+      float s;
+      if (fast && fast(x, v_n, tp + b, ip + b, &s)) {
+        sp[b] = tp[b] + std::log(s);
+      } else {
+        plain_argmax_lse(x, v_n, ip + b, tp + b, sp + b);
+      }
+    }
+  });
+  return {ids, top, lse};
+}
+
+namespace {
+
 // The decode attention's plain C++ inner loops (api.h: ATTENTION_FUNCTIONS), for head dims the ISA
 // units do not take (not a multiple of ATTN_D_MULTIPLE) and where the caller names the "plain"
 // variant; std::exp for the softmax (the ISA units: kernel_impl.h's vexp, within about 2 ulp).
@@ -579,6 +644,10 @@ void bind_step_ops(pybind11::module_& m) {
   m.def("decode_attention", &decode_attention,
         "q [B, NH, D], k, v [B, KVH, D] -> [B, NH, D]: this step's keys and values written into the paged cache, then attention "
         "over it, on the inner loops of variant (avx512, avx2, plain)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("argmax_logsumexp", &argmax_logsumexp,
+        "logits [B, V] float32 -> (each row's first argmax [B] int64, its value [B], the row's logsumexp [B] float32: NaN "
+        "for a row with NaN, +inf or only -inf)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("route_topk", &route_topk, "router_logits [T, E] -> softmax top-k dropless plan (token_idx, weights, expert_ids, counts)",
         pybind11::call_guard<pybind11::gil_scoped_release>());

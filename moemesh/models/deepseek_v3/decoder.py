@@ -123,7 +123,7 @@ class GroupedGateDecoderLM:
                 x = x + lyr.mlp(h)
             else:
                 x = x + (yield from moe_block(h, idx, lyr.mlp, cfg, self.gate, knobs.for_layer(idx), experts))
-        h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
+        h = rms_norm(meta.logits_rows_of(x), self.norm, cfg.rms_norm_eps)  # [R, H]
         if self.dense_dtype is not None:
             return linear(h, self.lm_head).float()  # [R, V]
         return (h @ self.lm_head.t()).float()  # [R, V]

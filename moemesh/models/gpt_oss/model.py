@@ -122,7 +122,7 @@ class GptOssForCausalLM:
             submitted = experts.submit(idx, h, plan)
             yield
             x = x + expert_output(submitted)  # [T, H]
-        h = rms_norm(x[meta.logits_idx], self.norm, cfg.rms_norm_eps)  # [R, H]
+        h = rms_norm(meta.logits_rows_of(x), self.norm, cfg.rms_norm_eps)  # [R, H]
         if self.dense_dtype is not None:
             return linear(h, self.lm_head).float()  # [R, V]
         return (h @ self.lm_head.t()).float()  # [R, V]

@@ -131,7 +131,7 @@ class Qwen3NextForCausalLM:
                 x = x + lyr.mlp(h)
             else:
                 x = x + (yield from sparse_moe_block(h, idx, lyr.mlp, cfg, knobs.for_layer(idx), experts))
-        h = scaled_rms_norm(x[meta.logits_idx], self.norm, eps)  # [R, H]
+        h = scaled_rms_norm(meta.logits_rows_of(x), self.norm, eps)  # [R, H]
         return linear(h, self.lm_head).float()  # [R, V]
 
     def forward(self, meta: BatchMeta, caches, experts: ExpertCompute, knobs: MoeKnobs) -> Tensor:

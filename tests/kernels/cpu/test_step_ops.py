@@ -1,6 +1,6 @@
 """The decode step's compiled small ops (kernels.cpu.step_ops) against the torch code they replace:
 RMSNorm, residual add + RMSNorm, per-head q/k RMSNorm + rope, decode attention over the paged KV
-cache, softmax top-k routing plan."""
+cache, softmax top-k routing plan, the sampler's argmax and logsumexp."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -129,8 +129,57 @@ def test_where_the_compiled_ops_do_not_run_the_torch_code_does(monkeypatch):
     assert step_ops.rms_norm(x, w, 1e-6) is None
     assert step_ops.add_rms_norm(x, x, w, 1e-6) is None
     assert step_ops.route_topk(x, 2, True) is None
+    assert step_ops.argmax_logsumexp(x) is None
     s, h = add_rms_norm(x, x, w, 1e-6)
     assert torch.equal(s, x + x) and torch.equal(h, torch_rms_norm(x + x, w, 1e-6))
+
+
+@pytest.mark.parametrize("variant", ["plain", *available_variants()])
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 255, 256, 257, 1000, 49152])
+def test_argmax_logsumexp_matches_torch(variant, vocab):
+    from kernels.cpu.build import extension
+
+    torch.manual_seed(vocab)
+    x = torch.randn(4, vocab) * 5
+    x[1, vocab // 2] = 100.0  # one clear maximum
+    x[2, vocab - 1] = x[2].max()  # a tie: the first one counts
+    x[3] = x[3].round()  # many ties
+    ids, top, lse = extension().argmax_logsumexp(x, variant)
+    assert torch.equal(ids, torch.argmax(x, -1))
+    assert torch.equal(top, x.max(-1).values)
+    torch.testing.assert_close(lse, torch.logsumexp(x, -1), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["plain", *available_variants()])
+def test_argmax_logsumexp_of_rows_with_nan_or_inf(variant):
+    from kernels.cpu.build import extension
+
+    inf, nan = float("inf"), float("nan")
+    x = torch.randn(6, 300)
+    x[0, 7] = x[0, 9] = nan  # the first NaN is the argmax
+    x[1, 3] = x[1, 200] = inf  # the first +inf
+    x[2] = -inf  # no distribution: index 0
+    x[3, :100] = -inf  # partly masked: a sound row
+    x[4, 250], x[4, 20] = -inf, nan
+    x[5, 299] = inf
+    ids, top, lse = extension().argmax_logsumexp(x, variant)
+    assert ids.tolist() == torch.argmax(x, -1).tolist() == [7, 3, 0, ids[3].item(), 20, 299]
+    assert torch.isnan(lse[[0, 1, 2, 4, 5]]).all() and torch.isnan(top[[0, 4]]).all()
+    assert top[[1, 2, 5]].tolist() == [inf, -inf, inf]
+    torch.testing.assert_close(lse[3], torch.logsumexp(x[3], -1), rtol=1e-6, atol=1e-6)
+
+
+def test_argmax_logsumexp_bad_input_names_the_field():
+    from kernels.cpu.build import extension
+
+    ext = extension()
+    for bad in (torch.randn(4), torch.randn(2, 4).double(), torch.randn(2, 0)):
+        with pytest.raises(ValueError, match="logits"):
+            ext.argmax_logsumexp(bad, "plain")
+    with pytest.raises(ValueError, match="variant"):
+        ext.argmax_logsumexp(torch.randn(2, 4), "sse9")
+    assert step_ops.argmax_logsumexp(torch.randn(2, 4).double()) is None  # the torch ops take it
+    assert step_ops.argmax_logsumexp(torch.randn(2, 4, 3)) is None
 
 
 def sdpa_decode(q, k, v, meta, k_cache, v_cache):

@@ -1,5 +1,7 @@
+import pytest
 import torch
 
+from kernels.cpu.variant import VARIANT_ENV, available_variants
 from moemesh.engine.sampler import filter_logits, sample, target_logprobs, top_logprobs
 from moemesh.engine.sampling_params import SamplingParams
 
@@ -74,3 +76,27 @@ def test_greedy_rows_with_nan_or_inf_logits_fail_and_partly_masked_rows_do_not()
     assert out[0][0] == 1 and out[5] == (2, 0.0)
     for failed in out[1:5]:
         assert isinstance(failed, RuntimeError) and str(failed).startswith("logits: ")
+
+
+@pytest.mark.parametrize("kernel", ["torch", *available_variants()])
+def test_the_compiled_and_the_torch_argmax_sample_alike(monkeypatch, kernel):
+    """The CPU kernels' one pass (argmax, its logit, logsumexp) and torch's ops give the same tokens, the
+    same log-probabilities to float rounding and the same failures, for greedy and drawn rows."""
+    monkeypatch.setenv(VARIANT_ENV, kernel)
+    torch.manual_seed(0)
+    logits = torch.randn(5, 49152) * 4
+    logits[1, 77] = float("nan")
+    logits[3, :1000] = float("-inf")
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=3),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=50, seed=4)]
+    gens = [None, None, torch.Generator().manual_seed(3), None, torch.Generator().manual_seed(4)]
+    out = sample(logits, params, gens)
+    lp = torch.log_softmax(logits.double(), -1)
+    assert isinstance(out[1], RuntimeError) and str(out[1]).startswith("logits: ")
+    assert out[0][0] == int(torch.argmax(logits[0])) and out[3][0] == int(torch.argmax(logits[3]))
+    for b in (0, 2, 3, 4):
+        token, got = out[b]
+        assert abs(got - lp[b, token].item()) < 1e-4
+    monkeypatch.setenv(VARIANT_ENV, "torch")
+    again = sample(logits, params, [None, None, torch.Generator().manual_seed(3), None, torch.Generator().manual_seed(4)])
+    assert [o[0] for o in again if not isinstance(o, Exception)] == [o[0] for o in out if not isinstance(o, Exception)]
