@@ -32,8 +32,7 @@ struct Projection {
 
   // x [T, K] -> x @ W.T [T, N] in x's dtype (rounded once, as the Python `layers.linear` rounds it)
   at::Tensor apply(const at::Tensor& x, const std::string& variant) const {
-    const at::Tensor out = linear(x, ints, data, scale, scale2, variant);
-    return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+    return linear_as(x, ints, data, scale, scale2, variant, x.scalar_type());
   }
 };
 

@@ -144,6 +144,21 @@ std::vector<int64_t> split_by_cost(const std::vector<int64_t>& costs, int64_t pa
 
 }  // namespace
 
+// v [rows * cols] float32 -> a new [rows, cols] tensor of dtype (float32, or bfloat16 rounded to
+// nearest even as torch's conversion rounds): the results' one conversion, in place of a float32
+// tensor and a `.to` (a dispatch of its own, which a decode step pays per layer).
+at::Tensor as_dtype(const std::vector<float>& v, int64_t rows, int64_t cols, at::ScalarType dtype) {
+  at::Tensor t = at::empty({rows, cols}, at::TensorOptions().dtype(dtype));
+  if (dtype == at::kBFloat16) {
+    c10::BFloat16* p = t.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < rows * cols; ++i) p[i] = c10::BFloat16(v[i]);
+  } else {
+    TORCH_CHECK(dtype == at::kFloat, "as_dtype: float32 or bfloat16, got ", dtype);
+    std::memcpy(t.data_ptr<float>(), v.data(), sizeof(float) * rows * cols);
+  }
+  return t;
+}
+
 // x [T, H] float32/bfloat16; token_idx [N] int64; row_weight [N] float32; expert_idx [G] int64;
 // counts [G] int64 -> [T, H] in x's dtype (accumulated in float32).
 at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::Tensor& row_weight,
@@ -179,8 +194,8 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   TORCH_CHECK_VALUE(start[G] == N, "counts: must sum to N=", N);
   TORCH_CHECK_VALUE(row_weight.numel() == N, "row_weight: expected ", N, " values");
   for (int64_t r = 0; r < N; ++r) TORCH_CHECK_VALUE(tok[r] >= 0 && tok[r] < T, "token_idx: indices must lie in [0, ", T, ")");
-  at::Tensor out = at::zeros({T, H}, x.options().dtype(at::kFloat));
-  if (N == 0) return out.to(x.scalar_type());
+  std::vector<float> out(T * H, 0.f);  // [T, H] the weighted sums, rounded to x's dtype at the end
+  if (N == 0) return as_dtype(out, T, H, x.scalar_type());
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
 
   // Gather: each token once as float32 in the gate_up format's layout, then each row's token (a
@@ -262,7 +277,7 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
   // DOWN_BLOCKs) of `out` (no two threads add to the same element) and reads, expert after expert,
   // that range's rows as one stream; the experts are added in the order of the call, as before.
   const int64_t blocks = (H + DOWN_BLOCK - 1) / DOWN_BLOCK;
-  float* o = out.data_ptr<float>();
+  float* o = out.data();
   at::parallel_for(0, blocks, (blocks + nt - 1) / nt, [&](int64_t b0, int64_t b1) {
     const int64_t c0 = b0 * DOWN_BLOCK, c1 = std::min(H, b1 * DOWN_BLOCK), nc = c1 - c0;
     std::vector<float> ybuf, bias(nc);
@@ -284,17 +299,18 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
       }
     }
   });
-  return out.to(x.scalar_type());
+  return as_dtype(out, T, H, x.scalar_type());
 }
 
 // x [M, K] float32/bfloat16 contiguous; one projection W [N, K] in any stored format, given as the
 // experts' are (ints, data, scale, scale2; see weights_of) for one "expert": data [N, ...] or
-// [1, N, ...], scale [1, *, *] (or empty), scale2 [1, S] (or empty) -> [M, N] float32 = x @ W.T.
+// [1, N, ...], scale [1, *, *] (or empty), scale2 [1, S] (or empty) -> [M, N] = x @ W.T in out_dtype
+// (float32, or bfloat16: the float32 sums rounded once).
 // A dense matrix (attention, dense MLP, LM head) read once, in place, by the same row-streaming and
 // tiled kernels as the experts. Output rows are split over the threads in equal contiguous ranges,
 // so each thread streams its own stretch of W.
-at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
-                  const at::Tensor& scale2, const std::string& variant) {
+at::Tensor linear_as(const at::Tensor& x, const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
+                     const at::Tensor& scale2, const std::string& variant, at::ScalarType out_dtype) {
   const Isa isa = isa_for(variant);
   TORCH_CHECK_VALUE(x.dim() == 2 && x.is_contiguous(), "x: expected a contiguous [M, K] tensor");
   TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: float32 or bfloat16");
@@ -314,8 +330,11 @@ at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const a
   } else {
     TORCH_CHECK_VALUE(wt.fmt == FMT_MXFP4 || wt.fmt == FMT_NVFP4, "w: unknown format code ", wt.fmt);
   }
-  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out;
+  TORCH_CHECK_VALUE(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out_dtype: float32 or bfloat16, got ", out_dtype);
+  if (M == 0 || N == 0) return at::empty({M, N}, x.options().dtype(out_dtype));
+  // float32 out: the result tensor itself; bfloat16: a float32 buffer, rounded into it at the end
+  at::Tensor out = out_dtype == at::kFloat ? at::empty({M, N}, x.options().dtype(at::kFloat)) : at::Tensor();
+  std::vector<float> buf(out.defined() ? 0 : M * N);
   // With bfloat16 x the quantized formats may multiply in bfloat16 (x's values are bfloat16 already).
   wt.bf16_x = x.scalar_type() == at::kBFloat16 && bf16_dot(variant);
   wt.vbmi = wt.bf16_x && vbmi(variant);
@@ -332,9 +351,14 @@ at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const a
   }
   const int64_t nt = std::max<int64_t>(1, at::get_num_threads());
   const int64_t grain = std::max<int64_t>(16, (N / nt + 15) / 16 * 16);
-  float* o = out.data_ptr<float>();
+  float* o = out.defined() ? out.data_ptr<float>() : buf.data();
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { isa.matmul(wt, 0, n0, n1, xp.data(), M, kp, o + n0, N); });
-  return out;
+  return out.defined() ? out : as_dtype(buf, M, N, out_dtype);
+}
+
+at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
+                  const at::Tensor& scale2, const std::string& variant) {
+  return linear_as(x, ints, data, scale, scale2, variant, at::kFloat);
 }
 
 namespace {

@@ -15,6 +15,10 @@ namespace moemesh_cpu {
 // x [M, K] @ W.T -> [M, N] float32 for one matrix W in any stored format (ints, data, scale, scale2).
 at::Tensor linear(const at::Tensor& x, const std::vector<int64_t>& ints, const at::Tensor& data, const at::Tensor& scale,
                   const at::Tensor& scale2, const std::string& variant);
+// the same product rounded to out_dtype (float32 or bfloat16) as it is written, with no second tensor
+at::Tensor linear_as(const at::Tensor& x, const std::vector<int64_t>& ints, const at::Tensor& data,
+                     const at::Tensor& scale, const at::Tensor& scale2, const std::string& variant,
+                     at::ScalarType out_dtype);
 
 // The routed expert MLP (gather, gate_up with the activation, down, weighted float32 combine) over the
 // experts' weights as stored: x [T, H], token_idx [N], row_weight [N], expert_idx [G], counts [G] ->
