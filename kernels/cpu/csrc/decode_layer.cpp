@@ -38,8 +38,19 @@ struct Projection {
 
 using ProjectionArgs = std::tuple<std::vector<int64_t>, at::Tensor, at::Tensor, at::Tensor>;
 
+// data held as [1, N, ...] (the one-matrix form `linear` reads), so that no call has to make that view
 Projection projection_of(const ProjectionArgs& a) {
-  return {std::get<0>(a), std::get<1>(a), std::get<2>(a), std::get<3>(a)};
+  const at::Tensor& data = std::get<1>(a);
+  return {std::get<0>(a), data.dim() == 2 ? data.unsqueeze(0) : data, std::get<2>(a), std::get<3>(a)};
+}
+
+// rows [T] of `count` heads of D elements from head `first` of a contiguous [T, R, D] buffer base
+// (alive while the view is used), as a [T, count, D] tensor: the narrowing a decode step does per
+// layer, without a dispatch (a few µs each where the step's caches run cold)
+at::Tensor heads_of(const at::Tensor& base, int64_t first, int64_t count) {
+  const int64_t t = base.size(0), r = base.size(1), d = base.size(2);
+  char* p = static_cast<char*>(base.data_ptr()) + first * d * base.element_size();
+  return at::from_blob(p, {t, count, d}, {r * d, d, 1}, base.options());
 }
 
 // The weights of one layer, handed over once at load (the tensors are shared, not copied).
@@ -92,12 +103,14 @@ Step run(const DecodeLayer& L, const at::Tensor& x, const std::optional<at::Tens
   at::Tensor qkv = L.qkv.apply(h0, variant);  // [T, (NH + 2 KVH) D]
   if (L.qkv_bias) qkv = qkv + *L.qkv_bias;
   TORCH_CHECK_VALUE(qkv.size(1) == (nh + 2 * kvh) * d, "qkv: expected ", (nh + 2 * kvh) * d, " columns, got ", qkv.size(1));
-  const at::Tensor heads = qkv.view({t, nh + 2 * kvh, d});
-  const at::Tensor qk = qk_norm_rope(heads.narrow(1, 0, nh + kvh), L.qk_norm, cos, sin_signed, L.qk_eps);  // [T, NH + KVH, D]
-  const at::Tensor attn = decode_attention(qk.narrow(1, 0, nh), qk.narrow(1, nh, kvh), heads.narrow(1, nh + kvh, kvh),
+  TORCH_CHECK(qkv.is_contiguous(), "qkv: expected a contiguous projection");
+  const at::Tensor heads = at::from_blob(qkv.data_ptr(), {t, nh + 2 * kvh, d}, qkv.options());  // a view of qkv
+  const at::Tensor qk = qk_norm_rope(heads_of(heads, 0, nh + kvh), L.qk_norm, cos, sin_signed, L.qk_eps);  // [T, NH + KVH, D]
+  const at::Tensor attn = decode_attention(heads_of(qk, 0, nh), heads_of(qk, nh, kvh), heads_of(heads, nh + kvh, kvh),
                                            k_cache, v_cache, slots, tables, mask, variant);  // [T, NH, D]
   at::Tensor x2, h;
-  std::tie(x2, h) = add_rms_norm(x1, L.o.apply(attn.view({t, nh * d}), variant), L.post_norm, L.eps);
+  const at::Tensor attn_rows = at::from_blob(attn.data_ptr(), {t, nh * d}, attn.options());  // [T, NH D], a view of attn
+  std::tie(x2, h) = add_rms_norm(x1, L.o.apply(attn_rows, variant), L.post_norm, L.eps);
   if (top_k == 0) return {x2, h, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   at::Tensor token_idx, weights, expert_ids, counts;
   std::tie(token_idx, weights, expert_ids, counts) = route_topk(L.router->apply(h, variant), top_k, normalize);
