@@ -5,7 +5,7 @@ Shape legend: T tokens, H hidden, D head dim, NH heads, I intermediate, P positi
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -56,10 +56,21 @@ def norm_rope(heads: Tensor, weight: Tensor | None, eps: float, cos: Tensor, sin
 
 @dataclass(frozen=True)
 class RotaryTable:
-    """cos, sin [P, D] in float32 for positions [0, P) (the default rope type)."""
+    """cos, sin [P, D] in float32 for positions [0, P) (the default rope type). `signed_tables` keeps,
+    per compute dtype, the tables `rope_for_step` indexes (made on first use, then reused)."""
 
     cos: Tensor
     sin: Tensor
+    _signed: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def signed_tables(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """-> cos, signed sin [P, 1, D] in dtype (the first half of each sin row negated, as
+        `apply_rope_signed` takes it): one index of each per step instead of six ops."""
+        if dtype not in self._signed:
+            half = self.sin.shape[-1] // 2
+            signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
+            self._signed[dtype] = (self.cos.to(dtype)[:, None, :].contiguous(), signed.to(dtype)[:, None, :].contiguous())
+        return self._signed[dtype]
 
     @classmethod
     def build(cls, head_dim: int, theta: float, max_positions: int) -> "RotaryTable":
@@ -75,9 +86,8 @@ class RotaryTable:
 
 def rope_for_step(rope: RotaryTable, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos, signed sin [T, 1, D] for `apply_rope_signed`, computed once per forward and shared by layers."""
-    cos, sin = rope.for_positions(positions, dtype)
-    half = sin.shape[-1] // 2
-    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    cos, sin_signed = rope.signed_tables(dtype)  # [P, 1, D] each
+    return cos[positions], sin_signed[positions]
 
 
 def apply_rope_signed(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:

@@ -8,7 +8,7 @@ from kernels.cpu.linear_cpu import (
 )
 from kernels.cpu.variant import VARIANT_ENV, available_variants, selected_variant
 from kernels.prepare import prepare_dense
-from moemesh.models.layers import linear, matmul_layout
+from moemesh.models.layers import RotaryTable, apply_rope, apply_rope_signed, linear, matmul_layout, rope_for_step
 
 
 @pytest.fixture
@@ -121,3 +121,17 @@ def test_a_blockwise_fp8_dense_matrix_keeps_its_bytes_in_huge_page_memory():
         assert held.weight.data_ptr() % HUGE_PAGE == 0
     x = torch.randn(3, 1024)
     torch.testing.assert_close(linear(x, held), linear(x, reference))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_for_step_indexes_tables_made_once_per_dtype(dtype):
+    rope = RotaryTable.build(64, 10000.0, 128)
+    positions = torch.tensor([0, 5, 127, 5])
+    cos, sin_signed = rope_for_step(rope, positions, dtype)  # [T, 1, D]
+    assert cos.shape == sin_signed.shape == (4, 1, 64) and cos.dtype == dtype
+    want_cos, want_sin = rope.for_positions(positions, dtype)
+    assert torch.equal(cos, want_cos)
+    assert torch.equal(sin_signed, torch.cat([-want_sin[..., :32], want_sin[..., 32:]], dim=-1))
+    x = torch.randn(4, 3, 64).to(dtype)
+    assert torch.equal(apply_rope_signed(x, cos, sin_signed), apply_rope(x, want_cos, want_sin))
+    assert rope.signed_tables(dtype)[0] is rope.signed_tables(dtype)[0]  # made once, then reused
