@@ -1,10 +1,10 @@
 """The decode step's small operations on the compiled CPU kernels (kernels/cpu/csrc/step_ops.cpp):
 RMSNorm (after the residual add), the per-head q/k RMSNorm with rope, decode attention over the paged
-KV cache, the softmax top-k routing plan, the sampler's argmax and logsumexp of the logits rows; and a decoder layer's whole attention half of a decode step
-(those operations and its projections) in one call (`decode_layer`, kernels/cpu/csrc/decode_layer.cpp),
-and for a MoE layer whose experts this process holds, that call followed by the routed expert MLP on
-its plan, for a run of consecutive MoE layers (`decode_layers_experts`): their whole decode step in
-one call.
+KV cache, the softmax top-k routing plan, the sampler's argmax and logsumexp of the logits rows; and
+a decoder layer's whole attention half of a decode step (those operations and its projections) in one
+call (`decode_layer`, kernels/cpu/csrc/decode_layer.cpp), and for a MoE layer whose experts this
+process holds, that call followed by the routed expert MLP on its plan, for a run of consecutive MoE
+layers (`decode_layers_experts`): their whole decode step in one call.
 
 Each is one compiled call where the torch code it replaces dispatches several ops; the numbers agree
 with that code to float rounding (same rounding points, float32 sums in another order). Each returns
@@ -116,8 +116,9 @@ def route_topk(router_logits: Tensor, top_k: int, normalize: bool) -> tuple[Tens
 def argmax_logsumexp(logits: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     """logits [B, V] float32 -> (ids [B] int64, top [B], lse [B] float32): each row's first largest entry
     (a NaN counts as the largest, as torch.argmax has it), its value, and torch.logsumexp of the row (to
-    float rounding), NaN where the row holds a NaN or +inf or only -inf. One compiled call where torch runs a pass for
-    each (its CPU argmax alone reads a 49k-entry row about 25x slower). None where it does not run."""
+    float rounding), NaN where the row holds a NaN or +inf or only -inf. One compiled call where torch
+    runs a pass for each (its CPU argmax alone reads a 49k-entry row about 25x slower). None where it
+    does not run."""
     if logits.dtype != torch.float32 or logits.dim() != 2 or logits.shape[1] == 0:
         return None
     ext = _ext_for(logits)
