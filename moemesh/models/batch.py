@@ -170,7 +170,7 @@ class BatchMeta:
             sliding_window=sliding_window,
             block_size=block_size,
             state_slots=torch.tensor([seqs[i].state_slot for i in order], dtype=torch.long),
-            logits_every_row=logits_idx == list(range(len(ids))),
+            logits_every_row=len(logits_idx) == len(ids) and logits_idx == list(range(len(ids))),
         )
 
 

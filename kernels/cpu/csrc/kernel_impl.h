@@ -567,7 +567,8 @@ bool max_sumexp(const float* x, int64_t n, float* mx, int64_t* first, float* sum
   for (int64_t b0 = 0; b0 < whole; b0 += SEARCH_BLOCK) {
     const int64_t b1 = b0 + SEARCH_BLOCK < whole ? b0 + SEARCH_BLOCK : whole;
     F mv = V::load(x + b0);
-    for (int64_t j = b0; j < b1; j += W) {
+    bad = V::add(bad, V::sub(mv, mv));
+    for (int64_t j = b0 + W; j < b1; j += W) {
       const F v = V::load(x + j);
       mv = V::max(mv, v);
       bad = V::add(bad, V::sub(v, v));
