@@ -91,7 +91,7 @@ def test_matches_the_reference_path(variant, dtype, fmt, h, i, activation, bias)
     w = weights(fmt, dtype, h, i, activation, bias)
     expert_idx = torch.tensor([4, 0, 2, 5, 1])  # unsorted, expert 3 absent
     counts = torch.tensor([3, 0, 1, 9, 2])  # a 0-row and a 1-row expert; 9 rows run the buffered tiles
-    x = torch.randn(7, h).to(dtype)
+    x = torch.randn(7, h, generator=torch.Generator().manual_seed(h)).to(dtype)
     token_idx, row_weight = routing(7, counts.tolist())
     got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
@@ -112,7 +112,7 @@ def test_dense_experts_at_every_row_count_path(variant, dtype, fmt, h, i):
     w = weights(fmt, dtype, h, i, e=11, seed=1)
     expert_idx = torch.tensor([7, 0, 3, 5, 1, 6, 2, 4, 10, 8, 9])
     counts = torch.tensor([1, 0, 2, 3, 4, 5, 16, 17, 8, 9, 25])
-    x = torch.randn(32, h).to(dtype)
+    x = torch.randn(32, h, generator=torch.Generator().manual_seed(h + i)).to(dtype)
     token_idx, row_weight = routing(32, counts.tolist(), seed=1)
     got = moe_mlp_cpu(x, token_idx, row_weight, expert_idx, counts, w, variant)
     check_close(got, x, token_idx, row_weight, expert_idx, counts, w)
