@@ -361,7 +361,8 @@ struct V {
   // activations' vector in element order (bf16_x_plain), with no widening of either side.
   // bf16w_block: R consecutive rows from `row` (`stride` bytes apart) against MR activation rows
   // (from L1): out[m * ldo + r] = sum_k x[m, k] * row_r[k]; the bytes `prefetch` further on are
-  // requested as it reads (0: the rows are read again from the caches). U chains per product (more
+  // requested into L2 as it reads, and 512 bytes on into L1 (0: the rows are read again from the
+  // caches). U chains per product (more
   // where few activation rows leave registers for them) hide the dot products' latency; a row's
   // result does not depend on R (whether it ran in a pair), so not on how rows are split over
   // threads. The last step's bytes past k are not read.
@@ -382,7 +383,8 @@ struct V {
       for (int r = 0; r < R; ++r)
         for (int u = 0; u < U; ++u) {
           const uint8_t* p = row + r * stride + 64 * (c + u);
-          __builtin_prefetch(p + prefetch);
+          __builtin_prefetch(p + prefetch, 0, 1);  // into L2, then into L1 from there (as stream_rows)
+          __builtin_prefetch(p + 512);
           w[r][u] = _mm512_loadu_si512(p);
         }
       for (int m = 0; m < MR; ++m)

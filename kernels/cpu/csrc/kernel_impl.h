@@ -186,12 +186,17 @@ void micro_rows(const D& d, const Row* rows, int nvalid, const float* x, int64_t
   micro<D, MR>(d, rows, nvalid, x, ldx, k, out, ldo);
 }
 
-// How far ahead the row-streaming kernel prefetches (the rows of a stretch are contiguous, so past a
+// How far ahead the row-streaming kernels prefetch (the rows of a stretch are contiguous, so past a
 // row's end is the next row; the first bytes of the stretch are requested up front): the hardware
 // prefetchers do not ramp up over the short stretches a work item streams (its rows of one expert:
 // 24-64 KiB), so this keeps enough lines in flight to cover DRAM latency (a shorter
-// distance measured slower than the tiles; docs/benchmarks.md).
+// distance measured slower than the tiles; docs/benchmarks.md). Each line is requested twice: into
+// L2 at this distance (prefetcht2, which holds no L1 fill buffer while it waits on memory, so more
+// lines are in flight than L1 requests allow), then into L1 STREAM_NEAR_BYTES ahead, from L2. Against
+// one L1 request at this distance: bfloat16 expert calls 1.00-1.13x faster, the LM head's stream
+// from 0.83-0.88x to 0.92x of a plain read of the same bytes (docs/benchmarks.md).
 constexpr int64_t STREAM_PREFETCH_BYTES = 4096;
+constexpr int64_t STREAM_NEAR_BYTES = 512;
 // bfloat16 weights at MR < M <= STREAM_MAX_ROWS rows against float32 activations (or without
 // bfloat16 dot products; else matmul_bf16w runs): blocks of STREAM_BLOCK_ROWS weight rows, each
 // streamed from memory for the first MR activation rows and read again from L2 for the others, in
@@ -218,7 +223,10 @@ void stream_rows(const D& d, int64_t n0, int64_t n1, const float* x, int64_t ldx
     int64_t c = 0;
     for (; c + 2 <= full; c += 2) {
       F w[2 * VPC];
-      for (int b = 0; b < 2 * D::CB; b += 64) __builtin_prefetch(row.d + c * D::CB + STREAM_PREFETCH_BYTES + b);
+      for (int b = 0; b < 2 * D::CB; b += 64) {
+        __builtin_prefetch(row.d + c * D::CB + STREAM_PREFETCH_BYTES + b, 0, 1);
+        __builtin_prefetch(row.d + c * D::CB + STREAM_NEAR_BYTES + b);
+      }
       d.at(row, c, row.d + c * D::CB, CH, w);
       d.at(row, c + 1, row.d + (c + 1) * D::CB, CH, w + VPC);
       for (int m = 0; m < MR; ++m)
