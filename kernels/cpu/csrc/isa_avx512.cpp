@@ -361,15 +361,15 @@ struct V {
   // activations' vector in element order (bf16_x_plain), with no widening of either side.
   // bf16w_block: R consecutive rows from `row` (`stride` bytes apart) against MR activation rows
   // (from L1): out[m * ldo + r] = sum_k x[m, k] * row_r[k]; the bytes `prefetch` further on are
-  // requested into L2 as it reads, and 512 bytes on into L1 (0: the rows are read again from the
-  // caches). U chains per product (more
+  // requested into L2 as it reads, and those `near` on into L1 (as stream_rows; both 0: the rows are
+  // read again from the caches). U chains per product (more
   // where few activation rows leave registers for them) hide the dot products' latency; a row's
   // result does not depend on R (whether it ran in a pair), so not on how rows are split over
   // threads. The last step's bytes past k are not read.
   template <int MR, int R>
   __attribute__((target("avx512bf16"))) static void bf16w_block(const uint8_t* row, int64_t stride,
                                                                 const __m512bh* xb, int64_t k, float* out,
-                                                                int64_t ldo, int64_t prefetch) {
+                                                                int64_t ldo, int64_t prefetch, int64_t near) {
     constexpr int U = MR <= 2 ? 4 : (MR <= 4 ? 2 : 1);  // by MR only: a row's sums do not depend on R
     const int64_t chunks = (k + 31) / 32, full = k / 32, body = full / U * U;
     const __mmask32 tail = (k % 32) ? __mmask32((1u << (k % 32)) - 1) : ~__mmask32(0);
@@ -383,8 +383,8 @@ struct V {
       for (int r = 0; r < R; ++r)
         for (int u = 0; u < U; ++u) {
           const uint8_t* p = row + r * stride + 64 * (c + u);
-          __builtin_prefetch(p + prefetch, 0, 1);  // into L2, then into L1 from there (as stream_rows)
-          __builtin_prefetch(p + 512);
+          __builtin_prefetch(p + prefetch, 0, 1);
+          __builtin_prefetch(p + near);
           w[r][u] = _mm512_loadu_si512(p);
         }
       for (int m = 0; m < MR; ++m)
@@ -419,21 +419,21 @@ struct V {
   // One block of R rows against mr <= BF16W_GROUP activation rows.
   template <int R, int MR = 8>
   static void bf16w_block_m(const uint8_t* row, int64_t stride, const __m512bh* xb, int64_t k, float* out,
-                            int64_t ldo, int64_t prefetch, int64_t mr) {
+                            int64_t ldo, int64_t prefetch, int64_t near, int64_t mr) {
     if constexpr (MR > 1) {
-      if (mr < MR) return bf16w_block_m<R, MR - 1>(row, stride, xb, k, out, ldo, prefetch, mr);
+      if (mr < MR) return bf16w_block_m<R, MR - 1>(row, stride, xb, k, out, ldo, prefetch, near, mr);
     }
-    bf16w_block<MR, R>(row, stride, xb, k, out, ldo, prefetch);
+    bf16w_block<MR, R>(row, stride, xb, k, out, ldo, prefetch, near);
   }
 
   // Rows [0, rows) of `stride` bytes from `base` against M activation rows (xb: M rows of
   // (k + 31) / 32 vectors, as bf16_x_plain writes them): out[m * ldo + n]. The rows are read once, in
-  // order, as one stream prefetched `prefetch` bytes ahead: one at a time against up to 4 activation
-  // rows, else two at a time against groups of up to BF16W_GROUP (the pair read again from L1 for
-  // each further group).
+  // order, as one stream prefetched `prefetch` bytes ahead into L2 and `near` into L1: one at a time
+  // against up to 4 activation rows, else two at a time against groups of up to BF16W_GROUP (the pair
+  // read again from L1 for each further group).
   static constexpr int BF16W_GROUP = 8;
   static void bf16w_rows(const uint8_t* base, int64_t stride, int64_t rows, const __m512bh* xb, int64_t k,
-                         float* out, int64_t ldo, int64_t prefetch, int64_t M) {
+                         float* out, int64_t ldo, int64_t prefetch, int64_t near, int64_t M) {
     const int64_t chunks = (k + 31) / 32;
     const int R = M <= 4 ? 1 : 2;
     int64_t n = 0;
@@ -441,17 +441,17 @@ struct V {
       const uint8_t* row = base + n * stride;
       for (int64_t m = 0; m < M; m += BF16W_GROUP) {
         const int64_t mr = M - m < BF16W_GROUP ? M - m : BF16W_GROUP;
-        const int64_t pf = m == 0 ? prefetch : 0;
+        const int64_t pf = m == 0 ? prefetch : 0, nr = m == 0 ? near : 0;
         if (R == 2) {
-          bf16w_block_m<2>(row, stride, xb + m * chunks, k, out + m * ldo + n, ldo, pf, mr);
+          bf16w_block_m<2>(row, stride, xb + m * chunks, k, out + m * ldo + n, ldo, pf, nr, mr);
         } else {
-          bf16w_block_m<1>(row, stride, xb + m * chunks, k, out + m * ldo + n, ldo, pf, mr);
+          bf16w_block_m<1>(row, stride, xb + m * chunks, k, out + m * ldo + n, ldo, pf, nr, mr);
         }
       }
     }
     for (; n < rows; ++n)  // the rows past the last whole block
       for (int64_t m = 0; m < M; m += BF16W_GROUP)
-        bf16w_block_m<1>(base + n * stride, stride, xb + m * chunks, k, out + m * ldo + n, ldo, 0,
+        bf16w_block_m<1>(base + n * stride, stride, xb + m * chunks, k, out + m * ldo + n, ldo, 0, 0,
                          M - m < BF16W_GROUP ? M - m : BF16W_GROUP);
   }
 

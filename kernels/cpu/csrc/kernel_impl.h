@@ -461,7 +461,7 @@ bool matmul_bf16w(const DecBF16& d, int64_t k, int64_t n0, int64_t n1, const flo
     VV::bf16_x_plain(x, ldx, padded_k(k), M, xb);
     const uint8_t* first = d.row(n0).d;
     for (int64_t b = 0; b < STREAM_PREFETCH_BYTES; b += 64) __builtin_prefetch(first + b);
-    VV::bf16w_rows(first, d.stride, n1 - n0, xb, k, out, ldo, STREAM_PREFETCH_BYTES, M);
+    VV::bf16w_rows(first, d.stride, n1 - n0, xb, k, out, ldo, STREAM_PREFETCH_BYTES, STREAM_NEAR_BYTES, M);
     std::free(xb);
     return true;
   }
