@@ -24,6 +24,9 @@ BM = 16  # rows per program: decode shapes put a handful of rows on each expert
 TILES_CUDA = (64, 64, 8)
 TILES_CUDA_FLOAT32 = (32, 32, 4)
 TILES_INTERPRETER = (32, 32, 4)
+# Multiply-adds fused into FMAs (one rounding each, as the CPU kernels' FMAs), named at every launch
+# and compile so that a change of Triton's own default (off from Triton 3.10) cannot change results.
+FP_FUSION = True
 
 
 def tile_schedule(expert_idx: Tensor, counts: Tensor, device) -> tuple[Tensor, Tensor, Tensor]:
@@ -73,6 +76,7 @@ def _launch(x: Tensor, out: Tensor, sched, t, bias: Tensor | None, k: int, n_out
         QBK=ints[10], FMT=fmt, GATED=gated, ACT=act, HAS_BIAS=bias is not None,
         BF16=x.dtype == torch.bfloat16, NATIVE_BF16_DOT=x.is_cuda,
         BM=BM, BN=bn, BK=bk, num_warps=warps,
+        enable_fp_fusion=FP_FUSION,
     )
 
 

@@ -9,7 +9,7 @@ from triton.compiler import ASTSource, compile
 
 from kernels.triton.decode import FMT_DENSE, FMT_FP8, FMT_MXFP4, FMT_NVFP4
 from kernels.triton.gemm import grouped_gemm_kernel
-from kernels.triton.grouped_mlp import TILES_CUDA, TILES_CUDA_FLOAT32
+from kernels.triton.grouped_mlp import FP_FUSION, TILES_CUDA, TILES_CUDA_FLOAT32
 
 SCALE_BLOCK = {FMT_DENSE: 1, FMT_FP8: 128, FMT_MXFP4: 32, FMT_NVFP4: 16}
 
@@ -43,6 +43,6 @@ def test_compiles_for_sm90(fmt, xdt, gated):
         BM=16, BN=bn, BK=bk,
     )
     src = ASTSource(fn=grouped_gemm_kernel, signature=signature(fmt, xdt, constexprs), constexprs=constexprs)
-    kernel = compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    kernel = compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": FP_FUSION})
     assert ".entry grouped_gemm_kernel" in kernel.asm["ptx"]
     assert len(kernel.asm["cubin"]) > 0
