@@ -1,7 +1,9 @@
 // Torch binding of the CPU expert kernels: the routed expert MLP (gather, gate/up GEMM with its
 // activation, down GEMM, weighted float32 combine) over weights read in place in their stored format.
 // The work of each GEMM is split by output columns over torch's intra-op thread pool
-// (at::parallel_for), so every thread streams its own share of each selected expert's weights.
+// (at::parallel_for), so every thread streams its own share of each selected expert's weights;
+// where every expert has at most one row and the threads divide their number (a decode step's top-k
+// of one token), each thread instead runs whole experts, gate_up to down, in one parallel region.
 //
 // Shape legend: T tokens, H hidden, N rows (token-expert pairs) grouped by expert, G experts in the
 // call, I intermediate, KP a reduction dim padded to 32.
@@ -142,6 +144,20 @@ std::vector<int64_t> split_by_cost(const std::vector<int64_t>& costs, int64_t pa
   return bounds;
 }
 
+// Whether a call runs whole experts per thread: every expert in it has at most one row (a decode
+// step's top-k of one token) and nt (>= 2) divides the number that have one, so the threads' shares
+// are equal. With more rows per expert the column split below stays (its combine runs on every
+// thread; whole experts per thread measured 2% slower at 16 rows, docs/benchmarks.md).
+bool whole_experts(int64_t G, const int64_t* cnt, int64_t nt) {
+  if (nt < 2) return false;
+  int64_t live = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    if (cnt[g] > 1) return false;
+    live += cnt[g];
+  }
+  return live >= nt && live % nt == 0;
+}
+
 }  // namespace
 
 // v [rows * cols] float32 -> a new [rows, cols] tensor of dtype (float32, or bfloat16 rounded to
@@ -218,7 +234,82 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
     for (int64_t r = r0; r < r1; ++r) std::memcpy(xg.data() + r * kh, xt.data() + tok[r] * kh, sizeof(float) * kh);
   });
 
-  // gate_up with the activation: work items (expert, block of gate columns), balanced by cost.
+  // Expert g's gate and up columns [c0, c1) for its rows: both projections, the bias, the activation
+  // into h (with the bfloat16 roundings the reference makes).
+  auto gate_up = [&](int64_t g, int64_t c0, int64_t c1, std::vector<float>& gbuf, std::vector<float>& ubuf,
+                     std::vector<float>& bias) {
+    const int64_t m = cnt[g], r0 = start[g], e = ex[g], nc = c1 - c0;
+    gbuf.resize(m * nc);
+    ubuf.resize(m * nc);
+    bias.resize(2 * nc);
+    isa.matmul(gu, e, c0, c1, xg.data() + r0 * kh, m, kh, gbuf.data(), nc);
+    isa.matmul(gu, e, inter + c0, inter + c1, xg.data() + r0 * kh, m, kh, ubuf.data(), nc);
+    bias_into(gu_bias, e, c0, nc, bias.data());
+    bias_into(gu_bias, e, inter + c0, nc, bias.data() + nc);
+    for (int64_t i = 0; i < m; ++i) {
+      float* gr = gbuf.data() + i * nc;
+      float* ur = ubuf.data() + i * nc;
+      for (int64_t j = 0; j < nc; ++j) {
+        gr[j] += bias[j];
+        ur[j] += bias[nc + j];
+        if (bf16) {  // the bfloat16 reference rounds the projection (and bias sum) to bfloat16
+          gr[j] = round_bf16(gr[j]);
+          ur[j] = round_bf16(ur[j]);
+        }
+      }
+      float* hr = h.data() + (r0 + i) * inter + c0;
+      isa.activation(int(act), gr, ur, hr, nc);
+      if (bf16)
+        for (int64_t j = 0; j < nc; ++j) hr[j] = round_bf16(hr[j]);
+    }
+  };
+  // out's hidden columns [c0, c1) += each of expert g's rows' weight times (its down projection
+  // y [cnt[g], c1 - c0], row stride ldy, plus the bias), rounded as the reference rounds it.
+  auto combine = [&](int64_t g, int64_t c0, int64_t c1, const float* y, int64_t ldy, std::vector<float>& bias) {
+    const int64_t nc = c1 - c0;
+    bias.resize(nc);
+    bias_into(dn_bias, ex[g], c0, nc, bias.data());
+    for (int64_t i = 0; i < cnt[g]; ++i) {
+      const int64_t r = start[g] + i;
+      float* orow = out.data() + tok[r] * H + c0;
+      const float wgt = rw[r];
+      const float* yr = y + i * ldy;
+      for (int64_t j = 0; j < nc; ++j) {
+        const float v = yr[j] + bias[j];
+        orow[j] += wgt * (bf16 ? round_bf16(v) : v);
+      }
+    }
+  };
+
+  if (whole_experts(G, cnt, nt)) {
+    // Whole experts per thread, in one parallel region (a decode step's top-k of one token): each
+    // thread runs gate_up, the activation and down of its experts one after another, keeping each
+    // expert's down projection in y; the experts are then added to out in the order of the call, as
+    // the split below adds them, so the sums are the same. One region instead of two, and no wait
+    // between the projections: 1-2% faster decode steps (docs/benchmarks.md).
+    std::vector<float> y(N * H);  // [N, H] each row's down projection
+    std::vector<int64_t> ecost(G);
+    for (int64_t g = 0; g < G; ++g) ecost[g] = cnt[g];
+    const std::vector<int64_t> eb = split_by_cost(ecost, nt);
+    at::parallel_for(0, nt, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> gbuf, ubuf, bias;
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t g = eb[p]; g < eb[p + 1]; ++g) {
+          if (cnt[g] == 0) continue;
+          const int64_t r0 = start[g];
+          gate_up(g, 0, inter, gbuf, ubuf, bias);
+          for (int64_t r = r0; r < r0 + cnt[g]; ++r) isa.prepare_row(dn.fmt, h.data() + r * inter, inter, hp.data() + r * ki);
+          isa.matmul(dn, ex[g], 0, H, hp.data() + r0 * ki, cnt[g], ki, y.data() + r0 * H, H);
+        }
+    });
+    std::vector<float> bias;
+    for (int64_t g = 0; g < G; ++g)
+      if (cnt[g]) combine(g, 0, H, y.data() + start[g] * H, H, bias);
+    return as_dtype(out, T, H, x.scalar_type());
+  }
+
+  // Otherwise gate_up with the activation in work items (expert, block of gate columns), balanced by
+  // cost over the threads.
   struct Item { int64_t g, c0, c1; };
   std::vector<Item> items;
   std::vector<int64_t> costs;
@@ -239,32 +330,8 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
       for (int64_t it = bounds[p]; it < bounds[p + 1];) {
         int64_t last = it;
         while (last + 1 < bounds[p + 1] && items[last + 1].g == items[it].g && items[last + 1].c0 == items[last].c1) ++last;
-        const Item item{items[it].g, items[it].c0, items[last].c1};
+        gate_up(items[it].g, items[it].c0, items[last].c1, gbuf, ubuf, bias);
         it = last + 1;
-        const int64_t m = cnt[item.g], r0 = start[item.g], e = ex[item.g], nc = item.c1 - item.c0;
-        gbuf.resize(m * nc);
-        ubuf.resize(m * nc);
-        bias.resize(2 * nc);
-        isa.matmul(gu, e, item.c0, item.c1, xg.data() + r0 * kh, m, kh, gbuf.data(), nc);
-        isa.matmul(gu, e, inter + item.c0, inter + item.c1, xg.data() + r0 * kh, m, kh, ubuf.data(), nc);
-        bias_into(gu_bias, e, item.c0, nc, bias.data());
-        bias_into(gu_bias, e, inter + item.c0, nc, bias.data() + nc);
-        for (int64_t i = 0; i < m; ++i) {
-          float* gr = gbuf.data() + i * nc;
-          float* ur = ubuf.data() + i * nc;
-          for (int64_t j = 0; j < nc; ++j) {
-            gr[j] += bias[j];
-            ur[j] += bias[nc + j];
-            if (bf16) {  // the bfloat16 reference rounds the projection (and bias sum) to bfloat16
-              gr[j] = round_bf16(gr[j]);
-              ur[j] = round_bf16(ur[j]);
-            }
-          }
-          float* hr = h.data() + (r0 + i) * inter + item.c0;
-          isa.activation(int(act), gr, ur, hr, nc);
-          if (bf16)
-            for (int64_t j = 0; j < nc; ++j) hr[j] = round_bf16(hr[j]);
-        }
       }
     }
   });
@@ -275,28 +342,16 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
 
   // down with the weighted combine: each thread owns a contiguous range of hidden columns (whole
   // DOWN_BLOCKs) of `out` (no two threads add to the same element) and reads, expert after expert,
-  // that range's rows as one stream; the experts are added in the order of the call, as before.
+  // that range's rows as one stream; the experts are added in the order of the call.
   const int64_t blocks = (H + DOWN_BLOCK - 1) / DOWN_BLOCK;
-  float* o = out.data();
   at::parallel_for(0, blocks, (blocks + nt - 1) / nt, [&](int64_t b0, int64_t b1) {
     const int64_t c0 = b0 * DOWN_BLOCK, c1 = std::min(H, b1 * DOWN_BLOCK), nc = c1 - c0;
-    std::vector<float> ybuf, bias(nc);
+    std::vector<float> ybuf, bias;
     for (int64_t g = 0; g < G; ++g) {
-      const int64_t m = cnt[g], r0 = start[g], e = ex[g];
-      if (m == 0) continue;
-      ybuf.resize(m * nc);
-      isa.matmul(dn, e, c0, c1, hp.data() + r0 * ki, m, ki, ybuf.data(), nc);
-      bias_into(dn_bias, e, c0, nc, bias.data());
-      for (int64_t i = 0; i < m; ++i) {
-        const int64_t r = r0 + i;
-        float* orow = o + tok[r] * H + c0;
-        const float wgt = rw[r];
-        const float* y = ybuf.data() + i * nc;
-        for (int64_t j = 0; j < nc; ++j) {
-          const float v = y[j] + bias[j];
-          orow[j] += wgt * (bf16 ? round_bf16(v) : v);
-        }
-      }
+      if (cnt[g] == 0) continue;
+      ybuf.resize(cnt[g] * nc);
+      isa.matmul(dn, ex[g], c0, c1, hp.data() + start[g] * ki, cnt[g], ki, ybuf.data(), nc);
+      combine(g, c0, c1, ybuf.data(), nc, bias);
     }
   });
   return as_dtype(out, T, H, x.scalar_type());

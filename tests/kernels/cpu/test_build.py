@@ -51,3 +51,32 @@ def test_results_do_not_depend_on_the_thread_count(threads, fmt):
                   linear_cpu(x9, plain))
     for a, b in zip(out[1], out[2]):
         assert torch.equal(a, b)
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_whole_experts_per_thread_sum_as_the_column_split(threads, fmt, dtype, bias):
+    # one token's top-4 (one row per expert): on 2 and 4 threads each thread runs whole experts, on 1
+    # and 3 the columns are split; two tokens that chose the same experts: the columns are split on
+    # every count. The same sums either way, bit for bit (float32 results show the order of the
+    # experts' additions)
+    g = torch.Generator().manual_seed(1)
+    b = (lambda *s: torch.randn(*s, generator=g) * 0.1) if bias else (lambda *s: None)
+    dense = ExpertWeights(torch.randn(8, 2 * 96, 256, generator=g) * 0.1, torch.randn(8, 256, 96, generator=g) * 0.1,
+                          b(8, 2 * 96), b(8, 256), "silu")
+    w = prepare_experts(dense, fmt, dtype)
+    cases = []
+    for rows in (1, 2):  # one token's top-4, and two tokens that chose the same four experts
+        x = torch.randn(rows, 256, generator=g).to(dtype)
+        token_idx = torch.arange(rows).repeat(4)
+        cases.append((x, token_idx, torch.rand(4 * rows, generator=g), torch.tensor([0, 2, 5, 7]),
+                      torch.full((4,), rows)))
+    out = {}
+    for n in (1, 2, 3, 4):
+        threads(n)
+        out[n] = [moe_mlp(*c, w, backend="cpu") for c in cases]
+    for n in (2, 3, 4):
+        for a, b_ in zip(out[1], out[n]):
+            assert torch.equal(a, b_)
