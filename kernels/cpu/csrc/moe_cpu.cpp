@@ -288,9 +288,7 @@ at::Tensor moe_mlp(const at::Tensor& x, const at::Tensor& token_idx, const at::T
     // the split below adds them, so the sums are the same. One region instead of two, and no wait
     // between the projections: 1-2% faster decode steps (docs/benchmarks.md).
     std::vector<float> y(N * H);  // [N, H] each row's down projection
-    std::vector<int64_t> ecost(G);
-    for (int64_t g = 0; g < G; ++g) ecost[g] = cnt[g];
-    const std::vector<int64_t> eb = split_by_cost(ecost, nt);
+    const std::vector<int64_t> eb = split_by_cost(std::vector<int64_t>(cnt, cnt + G), nt);  // equal shares of experts
     at::parallel_for(0, nt, 1, [&](int64_t p0, int64_t p1) {
       std::vector<float> gbuf, ubuf, bias;
       for (int64_t p = p0; p < p1; ++p)
