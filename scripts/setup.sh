@@ -34,6 +34,11 @@ if ! python -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 step "installing moemesh[$EXTRAS]" python -m pip install -e ".[$EXTRAS]"
+# A venv that once held transformers >= 5.25 keeps the Hugging Face `kernels` distribution it pulled in,
+# whose import name is that of our kernels/ (docs/architecture.md); the extras pin transformers below it.
+if python -m pip show kernels >/dev/null 2>&1; then
+  step "removing the Hugging Face kernels distribution (its import name is ours)" python -m pip uninstall -y kernels
+fi
 # The browser test of the gateway's chat page drives Debian's chromium through Playwright
 # (Playwright cannot download its own browser here); installed with the test extras.
 if [[ ",$EXTRAS," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1; then

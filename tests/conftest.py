@@ -1,5 +1,6 @@
 """Suite-wide set-up: the hard watchdog under pytest-timeout, the shared tiny models, repeatable
 hypothesis runs, and the `slow` rule of the fast lane."""
+import importlib.metadata
 import os
 from pathlib import Path
 
@@ -21,6 +22,26 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 # says so with @pytest.mark.slow, naming why.
 SLOW_SUITES = ("e2e", "live")
 TESTS = Path(__file__).resolve().parent
+
+
+def clashing_kernels_distribution() -> str | None:
+    """The version of the Hugging Face `kernels` distribution when it is installed, else None: its
+    import name is that of our kernels/ (docs/architecture.md, "The import name `kernels`")."""
+    try:
+        return importlib.metadata.version("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pytest_sessionstart(session):
+    clash = clashing_kernels_distribution()
+    if clash is not None:
+        pytest.exit(
+            f"the Hugging Face `kernels` distribution {clash} is installed (transformers >= 5.25 requires "
+            "it); its import name is that of moemesh's kernels/, so transformers would import ours. "
+            "Install the test extra's pin: pip install 'transformers>=5,<5.25' && pip uninstall -y kernels",
+            returncode=4,
+        )
 
 
 def pytest_collection_modifyitems(config, items):
